@@ -1,0 +1,194 @@
+"""Shared pieces of the algorithm layer: the `Algorithm` contract, the registry and tensor helpers.
+
+Everything here is pure torch on tensors. Shapes used throughout:
+
+* ``rewards``, ``advantages``, ``group_ids``: ``[N]`` (one entry per response),
+* ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``mask``: ``[N, T]`` per response token;
+  ``mask`` is 1 on tokens that train (the response's action tokens) and 0 on padding.
+
+An algorithm never sees a model, a tokenizer or a task.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar
+
+import torch
+
+Tensor = torch.Tensor
+Metrics = dict[str, float]
+
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register(name: str):
+    """Class decorator: make an `Algorithm` subclass reachable as ``mmrl.algos.get(name)``."""
+
+    def wrap(cls: type[Algorithm]) -> type[Algorithm]:
+        if name in ALGORITHMS:
+            raise ValueError(f"algorithm {name!r} is registered twice")
+        cls.name = name
+        ALGORITHMS[name] = cls
+        return cls
+
+    return wrap
+
+
+def get(name: str, **params: Any) -> Algorithm:
+    """Build the algorithm registered as ``name`` with hyper-parameters ``params``.
+
+    Unknown names or unknown/invalid hyper-parameters raise ``ValueError`` with one line naming the culprit.
+    """
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of: {', '.join(sorted(ALGORITHMS))}")
+    cls = ALGORITHMS[name]
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in params:
+        if key not in known:
+            raise ValueError(f"algorithm {name!r} has no hyper-parameter {key!r}; it has: {', '.join(sorted(known))}")
+    return cls(**params)
+
+
+def hyperparameters(name: str) -> dict[str, Any]:
+    """Default hyper-parameters of a registered algorithm (for ``--help`` and docs)."""
+    return {f.name: f.default for f in dataclasses.fields(ALGORITHMS[name])}
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm(abc.ABC):
+    """The contract every objective implements.
+
+    * :meth:`advantages` runs once per rollout batch on the whole batch.
+    * :meth:`batch_stats` runs once per rollout batch on the whole batch and returns statistics that the loss
+      needs from the *whole* batch rather than from one mini-batch (GPG's alpha, CW-GRPO's covariance moments).
+      A distributed backend all-reduces what it returns; the local trainer passes it straight on.
+    * :meth:`policy_loss` runs on every mini-batch and returns ``(scalar loss, metrics)``.
+    """
+
+    name: ClassVar[str] = "base"
+    #: True when :meth:`policy_loss` reads ``ref_logprobs`` (the trainer then keeps a frozen reference model).
+    needs_reference: ClassVar[bool] = False
+    #: True when every response of a group must land in the same mini-batch (GVPO's zero-sum weights).
+    keep_groups_whole: ClassVar[bool] = False
+    #: True when the objective has no importance ratio, i.e. is exact only on-policy (one update per rollout).
+    on_policy_only: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the hyper-parameter that is out of range."""
+
+    def uses_reference(self) -> bool:
+        return self.needs_reference
+
+    @abc.abstractmethod
+    def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
+        """One advantage per response, ``[N]``."""
+
+    def batch_stats(self, rewards: Tensor, group_ids: Tensor, advantages: Tensor, old_logprobs: Tensor,
+                    mask: Tensor) -> dict[str, Any]:
+        return {}
+
+    @abc.abstractmethod
+    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                    group_ids: Tensor, ref_logprobs: Tensor | None = None,
+                    stats: dict[str, Any] | None = None) -> tuple[Tensor, Metrics]:
+        """Scalar loss to minimise on one mini-batch, plus float metrics."""
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def check_batch(rewards: Tensor, group_ids: Tensor) -> None:
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(f"rewards and group_ids must both be [N]; got {tuple(rewards.shape)} and {tuple(group_ids.shape)}")
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards contain NaN or inf; the reward layer must map bad scores to finite values")
+
+
+def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Map arbitrary group ids to dense indices 0..G-1 (order of first appearance is not kept; it is not needed)."""
+    _, dense = torch.unique(group_ids, return_inverse=True)
+    return dense, int(dense.max().item()) + 1 if dense.numel() else 0
+
+
+def group_mean_std(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample group mean, unbiased group std (0 for single-sample groups) and group size, all ``[N]``.
+
+    Vectorised with ``index_add_``: no Python loop over groups.
+    """
+    dense, n_groups = group_index(group_ids)
+    values = values.to(torch.float64)
+    count = torch.zeros(n_groups, dtype=torch.float64, device=values.device).index_add_(0, dense, torch.ones_like(values))
+    total = torch.zeros(n_groups, dtype=torch.float64, device=values.device).index_add_(0, dense, values)
+    mean = total / count
+    sq = torch.zeros(n_groups, dtype=torch.float64, device=values.device).index_add_(0, dense, (values - mean[dense]) ** 2)
+    var = torch.where(count > 1, sq / (count - 1).clamp(min=1), torch.zeros_like(sq))
+    return mean[dense], var.sqrt()[dense], count[dense]
+
+
+def group_all_equal(values: Tensor, group_ids: Tensor) -> Tensor:
+    """``[N]`` bool: True where every response of the sample's group has exactly the same value (max == min)."""
+    dense, n_groups = group_index(group_ids)
+    hi = torch.full((n_groups,), float("-inf"), dtype=values.dtype, device=values.device)
+    lo = torch.full((n_groups,), float("inf"), dtype=values.dtype, device=values.device)
+    hi = hi.scatter_reduce(0, dense, values, reduce="amax")
+    lo = lo.scatter_reduce(0, dense, values, reduce="amin")
+    return (hi == lo)[dense]
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean over masked entries; 0 (not NaN) where the mask is empty."""
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def aggregate(token_loss: Tensor, mask: Tensor, mode: str, max_tokens: int | None = None) -> Tensor:
+    """Reduce a per-token loss ``[N, T]`` to a scalar.
+
+    * ``seq_mean_token_mean``: mean over tokens of each response, then over responses (GRPO, DeepSeekMath Eq. 3).
+    * ``token_mean``: sum over all tokens / number of tokens (DAPO; GPG's official trainer).
+    * ``seq_mean_token_sum_norm``: sum over all tokens / (N * max_tokens) with a constant ``max_tokens``
+      (Dr.GRPO: no per-length normalisation).
+
+    Responses with no trained token (zero length) contribute zero and never produce NaN.
+    """
+    if mode == "seq_mean_token_mean":
+        n = token_loss.shape[0]
+        return masked_mean(token_loss, mask, dim=1).sum() / max(n, 1)
+    if mode == "token_mean":
+        return masked_mean(token_loss, mask)
+    if mode == "seq_mean_token_sum_norm":
+        n, t = token_loss.shape
+        return masked_sum(token_loss, mask) / (max(n, 1) * (max_tokens or t))
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+LOSS_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(pi_theta || pi_ref) (Schulman 2020; DeepSeekMath Eq. 4): r - log r - 1, r = pi_ref/pi.
+
+    The log-ratio is clamped to [-20, 20] so that exp never overflows.
+    """
+    log_ratio = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def policy_drift_metrics(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Metrics every objective reports: k3 KL(π_θ || π_old) and the entropy proxy -mean log π of sampled tokens."""
+    lp = logprobs.detach()
+    return {"kl_old": masked_mean(kl_k3(lp, old_logprobs), mask), "entropy_proxy": masked_mean(-lp, mask)}
+
+
+def float_metrics(**values: Tensor | float) -> Metrics:
+    return {k: float(v.detach().item()) if isinstance(v, Tensor) else float(v) for k, v in values.items()}

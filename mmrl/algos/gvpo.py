@@ -1,0 +1,89 @@
+"""GVPO: Group Variance Policy Optimization (Zhang et al., NeurIPS 2025; ../shared/papers/gvpo.md).
+
+Gradient (gvpo.md Eq. 8), per group of k responses y_1..y_k of prompt x::
+
+    ∇L = -β Σ_i w_i ∇ log π_θ(y_i|x)
+    w_i = (R_i - R̄) - β [ (log π_θ(y_i|x)/π_θ'(y_i|x)) - mean_j (log π_θ(y_j|x)/π_θ'(y_j|x)) ]
+
+with π_θ' = π_old (the policy that started this step) and log π(y|x) the *sum* of token log-probs. The weights sum to
+zero per group, which cancels the partition function Z(x). §3.2 shows that this gradient is the gradient of the
+mean-squared error between centred implicit rewards β·log(π_θ/π_θ') and centred rewards::
+
+    L = 1/2 Σ_i [ (βΔ_i - mean_j βΔ_j) - (R_i - R̄) ]²,   Δ_i = log π_θ(y_i|x) - log π_θ'(y_i|x)
+
+which is what we minimise (its value is a meaningful "group variance" to log), divided by (k - 1) as Listing 1 and
+the official code do.
+
+Choices, written down:
+* Several groups in one mini-batch: the loss is the mean over groups of the per-group loss above, so the learning rate
+  does not depend on how many groups a mini-batch holds. For one group it is exactly Listing 1.
+* Groups of one response have no zero-sum weights and contribute nothing (their k - 1 = 0 would divide by zero).
+* Whole groups must be in one mini-batch (footnote 3 of §A.2); ``keep_groups_whole`` tells the trainer, and the loss
+  refuses a batch whose advantages do not sum to zero per group, which is how a split group shows.
+* No std normalisation (footnote 2 of §3.5), no importance ratio, no clip, no reference model: the KL constraint to
+  π_θ' is in the weights themselves.
+* Off-policy π_s (Theorem 3.2, Fig. 4): the trainer's ``rollout.replay_historical`` mixes historical responses of the
+  same prompt into a group; their π_θ' log-probs are recomputed with the current policy at the start of the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from mmrl.algos.base import (Algorithm, Metrics, Tensor, check_batch, float_metrics, group_index, group_mean_std,
+                             policy_drift_metrics, register)
+
+
+def gvpo_weights(seq_logprobs: Tensor, seq_old_logprobs: Tensor, advantages: Tensor, group_ids: Tensor,
+                 beta: float) -> Tensor:
+    """The per-response weights w_i of Eq. 8 (detached), ``[N]``; they sum to zero over each group."""
+    delta = (seq_logprobs - seq_old_logprobs).detach().to(torch.float64)
+    delta_mean, _, _ = group_mean_std(delta, group_ids)
+    return (advantages.to(torch.float64) - beta * (delta - delta_mean)).to(torch.float32)
+
+
+@register("gvpo")
+@dataclasses.dataclass(frozen=True)
+class GVPO(Algorithm):
+    beta: float = 0.1
+
+    keep_groups_whole = True
+
+    def validate(self) -> None:
+        if self.beta <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+
+    def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
+        check_batch(rewards, group_ids)
+        mean, _, _ = group_mean_std(rewards, group_ids)
+        return (rewards.to(torch.float64) - mean).to(torch.float32)
+
+    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                    group_ids: Tensor, ref_logprobs: Tensor | None = None,
+                    stats: dict[str, Any] | None = None) -> tuple[Tensor, Metrics]:
+        mask = mask.to(logprobs.dtype)
+        dense, n_groups = group_index(group_ids)
+        adv_sum = torch.zeros(n_groups, dtype=torch.float64, device=advantages.device).index_add_(0, dense, advantages.to(torch.float64))
+        if (adv_sum.abs() > 1e-4 * (1 + advantages.abs().sum())).any():
+            raise ValueError("gvpo needs whole groups in a mini-batch: advantages of some group do not sum to zero")
+
+        seq = (logprobs * mask).sum(1)
+        seq_old = (old_logprobs * mask).sum(1)
+        implicit = self.beta * (seq - seq_old)  # β·log(π_θ/π_θ') per response
+        implicit_mean = torch.zeros(n_groups, dtype=implicit.dtype, device=implicit.device).index_add_(0, dense, implicit)
+        size = torch.zeros(n_groups, dtype=implicit.dtype, device=implicit.device).index_add_(0, dense, torch.ones_like(implicit))
+        implicit_mean = implicit_mean / size
+        residual = (implicit - implicit_mean[dense]) - advantages.to(implicit.dtype)
+        per_group = torch.zeros(n_groups, dtype=implicit.dtype, device=implicit.device).index_add_(0, dense, 0.5 * residual**2)
+        trainable = size > 1
+        per_group = torch.where(trainable, per_group / (size - 1).clamp(min=1), torch.zeros_like(per_group))
+        loss = per_group.sum() / trainable.sum().clamp(min=1)
+
+        weights = gvpo_weights(seq, seq_old, advantages, group_ids, self.beta)
+        metrics = policy_drift_metrics(logprobs, old_logprobs, mask)
+        metrics.update(weight_abs_mean=weights.abs().mean() if weights.numel() else 0.0,
+                       implicit_reward_std=implicit.detach().std() if implicit.numel() > 1 else 0.0)
+        return loss, float_metrics(**metrics)
