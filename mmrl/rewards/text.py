@@ -1,0 +1,101 @@
+"""Text rewards: answer extraction, math accuracy through math-verify, and the think/answer format."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+from mmrl.rewards.base import Sample, reward
+
+THINK_ANSWER = re.compile(r"^\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+MAX_ANSWER_CHARS = 1000  # math-verify is super-linear on long inputs; a longer "answer" is not an answer
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` with balanced braces, or None."""
+    start = text.rfind("\\boxed")
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0:
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer of a completion: last ``<answer>`` content, else last ``\\boxed{}``, else None."""
+    tags = ANSWER_TAG.findall(text)
+    if tags:
+        inner = tags[-1].strip()
+        return extract_boxed(inner) or inner
+    return extract_boxed(text)
+
+
+def _normalise(s: str) -> str:
+    return re.sub(r"\s+", "", s).rstrip(".").strip("$").lower()
+
+
+def answers_match(predicted: str, gold: str) -> tuple[bool, str | None]:
+    """math-verify equivalence with an exact-match fast path. Never raises; returns (match, reason if not)."""
+    if _normalise(predicted) == _normalise(gold):
+        return True, None
+    if len(predicted) > MAX_ANSWER_CHARS:
+        return False, f"answer longer than {MAX_ANSWER_CHARS} characters"
+    from math_verify import parse, verify  # imported lazily: it pulls sympy and antlr
+
+    # math-verify's timeouts use signal.alarm, which only works in the main thread; elsewhere we rely on the
+    # length cap above instead.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold_parsed = parse(gold if "$" in gold or "\\" in gold else f"${gold}$", parsing_timeout=timeout)
+    pred_parsed = parse(predicted if "$" in predicted or "\\" in predicted else f"${predicted}$",
+                        parsing_timeout=timeout)
+    if not gold_parsed:
+        return False, f"gold answer {gold!r} could not be parsed"
+    if not pred_parsed:
+        return False, f"answer {predicted[:60]!r} could not be parsed"
+    ok = verify(gold_parsed, pred_parsed, timeout_seconds=timeout)
+    return bool(ok), None if ok else "answer is wrong"
+
+
+@reward("math_accuracy", 0.0, 1.0)
+def math_accuracy(completion: str, sample: Sample) -> tuple[float, str | None]:
+    """1 if the completion's final answer is mathematically equal to ``sample['answer']`` (math-verify), else 0."""
+    gold = str(sample.get("answer", "")).strip()
+    if not gold:
+        return 0.0, "sample has no answer"
+    predicted = extract_answer(completion)
+    if predicted is None or not predicted.strip():
+        return 0.0, "no <answer> or \\boxed{} in completion"
+    ok, why = answers_match(predicted.strip(), gold)
+    return (1.0, None) if ok else (0.0, why)
+
+
+@reward("think_answer_format", 0.0, 1.0)
+def think_answer_format(completion: str, sample: Sample) -> tuple[float, str | None]:
+    """1 if the completion is exactly ``<think>…</think><answer>…</answer>`` (R1 format), else 0."""
+    m = THINK_ANSWER.match(completion)
+    if not m:
+        return 0.0, "not <think>...</think><answer>...</answer>"
+    if "<think>" in m.group(2) or "<answer>" in m.group(2):
+        return 0.0, "nested tags"
+    return 1.0, None
+
+
+@reward("answer_format", 0.0, 1.0)
+def answer_format(completion: str, sample: Sample) -> tuple[float, str | None]:
+    """1 if the completion holds exactly one non-empty ``<answer>…</answer>`` and nothing after it."""
+    tags = ANSWER_TAG.findall(completion)
+    if len(tags) != 1 or not tags[0].strip():
+        return 0.0, f"expected one non-empty <answer> tag, found {len(tags)}"
+    if completion.rstrip().endswith("</answer>"):
+        return 1.0, None
+    return 0.0, "text after </answer>"

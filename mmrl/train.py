@@ -1,0 +1,62 @@
+"""``python -m mmrl.train --algo gpg --task arithmetic [--model ...] [--config file.yaml] [--section.field value]``.
+
+Precedence: defaults < ``--config`` YAML < flags. Every field and its default is in ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from mmrl.cli import add_dataclass_flags, catalogue, run_cli, split_open_flags
+from mmrl.trainer.config import OPEN_SECTIONS, TrainConfig, apply_overrides, load_yaml
+
+
+def parse_config(argv: list[str] | None) -> TrainConfig:
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(prog="python -m mmrl.train", description=__doc__, epilog=catalogue(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML file with sections model/task/algo/rollout/optim/run")
+    parser.add_argument("--algo", dest="algo.name", default=argparse.SUPPRESS, help="objective (default: grpo)")
+    parser.add_argument("--task", dest="task.name", default=argparse.SUPPRESS, help="task (default: arithmetic)")
+    parser.add_argument("--model", dest="model.name", default=argparse.SUPPRESS,
+                        help=f"model spec (default: {defaults.model.name})")
+    parser.add_argument("--steps", dest="run.steps", default=argparse.SUPPRESS, help="shortcut for --run.steps")
+    parser.add_argument("--out", dest="run.out_dir", default=argparse.SUPPRESS, help="shortcut for --run.out_dir")
+    parser.add_argument("--resume", dest="run.resume", action="store_const", const=True, default=argparse.SUPPRESS,
+                        help="continue the run in --out from its last checkpoint")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    for section, skip in (("model", {"name"}), ("task", {"name", "options"}), ("algo", {"name", "params"}),
+                          ("rollout", set()), ("optim", set()), ("run", set())):
+        add_dataclass_flags(parser, section, getattr(defaults, section), skip)
+    args, extra = parser.parse_known_args(argv)
+    cfg = TrainConfig()
+    if args.config:
+        apply_overrides(cfg, load_yaml(args.config), args.config)
+    flags = {k: v for k, v in vars(args).items() if "." in k}
+    flags.update(split_open_flags(extra, set(OPEN_SECTIONS)))
+    apply_overrides(cfg, flags, "command line")
+    if args.print_config:
+        print(json.dumps(cfg.to_dict(), indent=2, default=str))
+        sys.exit(0)
+    return cfg
+
+
+def _main(argv: list[str] | None) -> None:
+    from mmrl.trainer.local import train
+
+    cfg = parse_config(argv)
+    last = train(cfg)
+    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in last.items()
+             if k in ("step", "reward", "accuracy") or k.startswith("eval/")}
+    print(json.dumps(shown))
+    print(f"run directory: {cfg.out_dir} (metrics.jsonl, curves.png, checkpoints/)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

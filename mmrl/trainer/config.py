@@ -1,0 +1,228 @@
+"""One dataclass tree for a run: defaults here, overridden by a YAML file, overridden by CLI flags.
+
+Every field is a flag ``--section.field`` (``--rollout.temperature 0.7``). ``--algo.X`` / ``--task.X`` that are not
+fields of those sections are the algorithm's hyper-parameters / the task's options, checked against the chosen
+algorithm and task at start. A wrong name or value fails at start with one line naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmrl.models.embedded import EMBEDDED_NAME
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    name: str = EMBEDDED_NAME  # embedded:tiny-qwen2, a local dir, a hub id, or a .gguf file
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # torch CPU threads; 0 keeps torch's default
+    gradient_checkpointing: bool = False
+
+
+@dataclasses.dataclass
+class TaskConfig:
+    name: str = "arithmetic"
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # --task.<option> (see --help)
+    reward_model: str = ""  # path of a sequence-classification reward model to add to the task's reward
+    reward_model_weight: float = 1.0
+
+
+@dataclasses.dataclass
+class AlgoConfig:
+    name: str = "grpo"
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # --algo.<hyper-parameter> (see --help)
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    prompts_per_step: int = 16
+    samples_per_prompt: int = 8  # group size
+    max_new_tokens: int = 16
+    max_prompt_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    generation_batch_size: int = 128
+    replay_historical: int = 0  # GVPO's off-policy π_s: responses per group replayed from earlier steps
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    lr: float = 2e-3  # for the embedded tiny model; billion-parameter models want ~1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0  # optimizer steps of linear warm-up, then constant
+    grad_clip: float = 1.0
+    epochs: int = 1  # update epochs over each rollout batch (K)
+    minibatches: int = 1  # optimizer steps per epoch; groups are never split across mini-batches
+
+
+@dataclasses.dataclass
+class RunConfig:
+    steps: int = 60
+    seed: int = 0
+    out_dir: str = ""  # default: runs/<task>-<algo>
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    eval_every: int = 0  # 0: only at the end
+    eval_samples: int = 4  # k for pass@k / avg@k
+    eval_temperature: float = 1.0
+    resume: bool = False
+    overwrite: bool = False  # start afresh in an out_dir that already holds a run
+    progress: bool = True
+    plot: bool = True
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.run.out_dir or f"runs/{self.task.name}-{self.algo.name}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+OPEN_SECTIONS = {"algo": "params", "task": "options"}  # sections that take extra keys
+
+
+def _section_fields(section: str) -> dict[str, dataclasses.Field]:
+    cls = {"model": ModelConfig, "task": TaskConfig, "algo": AlgoConfig, "rollout": RolloutConfig,
+           "optim": OptimConfig, "run": RunConfig}[section]
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _coerce(where: str, value: Any, annotation: Any, default: Any) -> Any:
+    """Convert a YAML/CLI value to the field's type, or raise ValueError naming the field."""
+    if isinstance(value, str) and not isinstance(default, str):
+        value = parse_scalar(value)
+    target = type(default)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"config: {where} must be true or false, got {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ValueError(f"config: {where} must be an integer, got {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"config: {where} must be a number, got {value!r}")
+    if isinstance(default, tuple):
+        if isinstance(value, (list, tuple)) and len(value) == len(default):
+            return tuple(float(v) for v in value)
+        raise ValueError(f"config: {where} must be a list of {len(default)} numbers, got {value!r}")
+    if target is str:
+        return str(value)
+    return value
+
+
+def parse_scalar(text: str) -> Any:
+    """A CLI/YAML string as a Python value: ``5e-4`` is a float (YAML 1.1 alone would keep it a string)."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def _suggest(name: str, options: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) -> None:
+    """Apply ``{"section.field": value}`` or nested ``{"section": {...}}`` overrides in place."""
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key in SECTIONS and isinstance(value, dict):
+            for sub, v in value.items():
+                flat[f"{key}.{sub}"] = v
+        elif key in ("algo", "task", "model") and not isinstance(value, dict):
+            flat[f"{key}.name"] = value
+        else:
+            flat[key] = value
+    for key, value in flat.items():
+        section, _, field = key.partition(".")
+        if section not in SECTIONS or not field:
+            raise ValueError(f"config ({origin}): unknown field {key!r}{_suggest(section, SECTIONS)}")
+        fields = _section_fields(section)
+        obj = getattr(cfg, section)
+        if field in fields and field not in OPEN_SECTIONS.values():
+            setattr(obj, field, _coerce(key, value, fields[field].type, getattr(obj, field)))
+        elif section in OPEN_SECTIONS:
+            extra = getattr(obj, OPEN_SECTIONS[section])
+            extra[field] = parse_scalar(value) if isinstance(value, str) else value
+        else:
+            raise ValueError(f"config ({origin}): unknown field {key!r}{_suggest(field, fields)}")
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"config: no such file {path!r}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config: {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"config: {path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Range checks that need no model; the algorithm and task check their own parameters when built."""
+    checks = [
+        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step >= 1, "must be >= 1"),
+        ("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt >= 1, "must be >= 1"),
+        ("rollout.max_new_tokens", cfg.rollout.max_new_tokens >= 1, "must be >= 1"),
+        ("rollout.max_prompt_tokens", cfg.rollout.max_prompt_tokens >= 1, "must be >= 1"),
+        ("rollout.temperature", cfg.rollout.temperature >= 0, "must be >= 0"),
+        ("rollout.top_p", 0 < cfg.rollout.top_p <= 1, "must be in (0, 1]"),
+        ("rollout.generation_batch_size", cfg.rollout.generation_batch_size >= 1, "must be >= 1"),
+        ("rollout.replay_historical", 0 <= cfg.rollout.replay_historical < cfg.rollout.samples_per_prompt,
+         "must be >= 0 and < rollout.samples_per_prompt"),
+        ("optim.lr", cfg.optim.lr > 0, "must be > 0"),
+        ("optim.weight_decay", cfg.optim.weight_decay >= 0, "must be >= 0"),
+        ("optim.warmup_steps", cfg.optim.warmup_steps >= 0, "must be >= 0"),
+        ("optim.grad_clip", cfg.optim.grad_clip > 0, "must be > 0"),
+        ("optim.epochs", cfg.optim.epochs >= 1, "must be >= 1"),
+        ("optim.minibatches", 1 <= cfg.optim.minibatches <= cfg.rollout.prompts_per_step,
+         "must be between 1 and rollout.prompts_per_step (groups are not split)"),
+        ("run.steps", cfg.run.steps >= 1, "must be >= 1"),
+        ("run.checkpoint_every", cfg.run.checkpoint_every >= 0, "must be >= 0"),
+        ("run.keep_checkpoints", cfg.run.keep_checkpoints >= 1, "must be >= 1"),
+        ("run.eval_every", cfg.run.eval_every >= 0, "must be >= 0"),
+        ("run.eval_samples", cfg.run.eval_samples >= 1, "must be >= 1"),
+        ("model.dtype", cfg.model.dtype in ("float32", "bfloat16", "float16"), "must be float32, bfloat16 or float16"),
+        ("model.threads", cfg.model.threads >= 0, "must be >= 0"),
+    ]
+    for name, ok, why in checks:
+        if not ok:
+            section, field = name.split(".")
+            raise ValueError(f"config: {name} {why}, got {getattr(getattr(cfg, section), field)!r}")
+    if cfg.rollout.replay_historical and cfg.algo.name != "gvpo":
+        raise ValueError("config: rollout.replay_historical needs --algo gvpo (only GVPO is exact off-policy, "
+                         "Theorem 3.2)")

@@ -1,0 +1,58 @@
+"""Evaluation with the training rewards on a held-out split: pass@1, pass@k and avg@k.
+
+* ``pass@k`` is the unbiased estimator of Chen et al. (2021) from n samples per problem: 1 - C(n-c, k) / C(n, k).
+* ``avg@k`` is the mean accuracy over k samples per problem (what the papers report as avg@32 on AIME); it equals the
+  unbiased pass@1 estimate from k samples, and both are printed because papers quote both names.
+* A response is correct when its accuracy component (the task's ``accuracy_key``) is 1.
+
+Evaluation draws from its own seeded RNG and restores the caller's, so evaluating inside a training run does not
+change the run's random stream (a resumed run stays bit-identical).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from mmrl.batch import Group
+from mmrl.tasks.base import Task
+from mmrl.trainer.rollout import encode_prompt, generate, score_groups
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, task: Task, k: int = 4, temperature: float = 1.0, max_new_tokens: int = 64,
+             max_prompt_tokens: int = 512, seed: int = 0, max_problems: int = 0,
+             batch_size: int = 128) -> dict[str, Any]:
+    rows = task.eval[:max_problems] if max_problems else task.eval
+    if not rows:
+        return {}
+    n = 1 if temperature == 0 else k
+    groups = [Group(i, row, encode_prompt(tokenizer, row["messages"], max_prompt_tokens), []) for i, row in
+              enumerate(rows)]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        responses = generate(model, tokenizer, [g.prompt_ids for g in groups for _ in range(n)], max_new_tokens,
+                             temperature, 1.0, batch_size)
+    for i, g in enumerate(groups):
+        g.responses = responses[i * n : (i + 1) * n]
+    score_groups(groups, task.reward)
+    correct = [sum(r.reward.components.get(task.accuracy_key, 0.0) >= 1.0 for r in g.responses) for g in groups]
+    result: dict[str, Any] = {
+        "problems": len(groups), "samples_per_problem": n,
+        "pass@1": sum(pass_at_k(n, c, 1) for c in correct) / len(groups),
+        f"pass@{n}": sum(pass_at_k(n, c, n) for c in correct) / len(groups),
+        f"avg@{n}": sum(c / n for c in correct) / len(groups),
+        "mean_reward": sum(r.reward.score for g in groups for r in g.responses) / (len(groups) * n),
+    }
+    if task.format_key:
+        result["format_rate"] = sum(r.reward.components.get(task.format_key, 0.0) >= 1.0 for g in groups
+                                    for r in g.responses) / (len(groups) * n)
+    return result

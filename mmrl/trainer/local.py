@@ -1,0 +1,388 @@
+"""The local trainer: one process, CPU or one GPU, readable top to bottom.
+
+    for step in steps:
+        groups  = sample prompts -> generate n responses each -> rewards        (collect_rollouts)
+        batch   = collate(groups); old (and ref) log-probs; advantages; batch stats
+        for epoch in K: for mini-batch of whole groups: loss -> backward -> clip -> AdamW step
+        log metrics; maybe evaluate; maybe checkpoint
+
+Everything an objective needs comes from `mmrl.algos`; this file knows nothing about any one objective except the two
+rollout-level features two papers define: GPG's valid-sample threshold β_th (gpg.md Alg. 1 line 1) and GVPO's replay
+of historical responses as an off-policy π_s (gvpo.md Theorem 3.2, Fig. 4).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import random
+import signal
+import sys
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import mmrl.algos as algos
+from mmrl.batch import Group, Response, RolloutBatch, collate
+from mmrl.models import load_model, load_tokenizer
+from mmrl.rewards import RewardModelScorer, weighted
+from mmrl.tasks import Task, get_task
+from mmrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from mmrl.trainer.config import TrainConfig, validate
+from mmrl.trainer.evaluate import evaluate
+from mmrl.trainer.metrics import MetricsLog, plot_curves, read_metrics
+from mmrl.trainer.rollout import batch_logprobs, encode_prompt, generate, response_logprobs, score_groups
+
+log = logging.getLogger("mmrl")
+
+
+class PromptSampler:
+    """Shuffled epochs over the training split; its whole state goes into checkpoints."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.rng, self.order, self.pos = size, random.Random(seed), [], 0
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.pos >= len(self.order):
+                self.order, self.pos = list(range(self.size)), 0
+                self.rng.shuffle(self.order)
+            out.append(self.order[self.pos])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), "order": self.order, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["rng"])
+        self.order, self.pos = state["order"], state["pos"]
+
+
+class ReplayHistory:
+    """GVPO's off-policy π_s: the most recent scored responses of each prompt, replayed into later groups."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.by_sample: dict[int, deque[Response]] = {}
+
+    def take(self, sample_index: int, k: int) -> list[Response]:
+        past = self.by_sample.get(sample_index, deque())
+        if k == 0 or len(past) < k:
+            return []
+        return [dataclasses.replace(r, historical=True) for r in list(past)[-k:]]
+
+    def add(self, sample_index: int, responses: list[Response]) -> None:
+        if self.capacity:
+            self.by_sample.setdefault(sample_index, deque(maxlen=self.capacity)).extend(responses)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: list(v) for k, v in self.by_sample.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.by_sample = {k: deque(v, maxlen=self.capacity) for k, v in state.items()}
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything a run holds. Built by :func:`build_trainer`; :meth:`run` is the loop."""
+
+    cfg: TrainConfig
+    algo: algos.Algorithm
+    task: Task
+    tokenizer: Any
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    sampler: PromptSampler
+    history: ReplayHistory
+    run_dir: Path
+    step: int = 0
+    stop_requested: bool = False
+    prompt_cache: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+
+    # ------------------------------------------------------------------------------------------- rollouts
+
+    def prompt_ids(self, index: int) -> list[int]:
+        if index not in self.prompt_cache:
+            self.prompt_cache[index] = encode_prompt(self.tokenizer, self.task.train[index]["messages"],
+                                                     self.cfg.rollout.max_prompt_tokens)
+        return self.prompt_cache[index]
+
+    def sample_groups(self, n_prompts: int) -> list[Group]:
+        """Sample prompts, generate their groups (mixing in replayed responses for GVPO) and score them."""
+        r = self.cfg.rollout
+        groups = []
+        for index in self.sampler.take(n_prompts):
+            old = self.history.take(index, r.replay_historical)
+            groups.append(Group(index, self.task.train[index], self.prompt_ids(index), old))
+        todo = [(g, r.samples_per_prompt - len(g.responses)) for g in groups]
+        prompts = [g.prompt_ids for g, n in todo for _ in range(n)]
+        fresh = generate(self.model, self.tokenizer, prompts, r.max_new_tokens, r.temperature, r.top_p,
+                         r.generation_batch_size)
+        at = 0
+        for g, n in todo:
+            g.responses = fresh[at : at + n] + g.responses
+            at += n
+        score_groups(groups, self.task.reward)
+        for g in groups:
+            self.history.add(g.sample_index, [x for x in g.responses if not x.historical])
+        return groups
+
+    def collect_rollouts(self) -> tuple[list[Group], dict[str, float]]:
+        """One rollout batch of ``prompts_per_step`` groups. With GPG's β_th > 0, resample while too few are valid."""
+        target = self.cfg.rollout.prompts_per_step
+        groups = self.sample_groups(target)
+        threshold = getattr(self.algo, "valid_threshold", 0.0)
+        if threshold <= 0:
+            return groups, {}
+        valid = [g for g in groups if not g.all_rewards_equal]
+        last, rounds = groups, 0
+        while len(valid) < threshold * target and rounds < self.algo.max_resample:
+            rounds += 1
+            last = self.sample_groups(target)
+            valid += [g for g in last if not g.all_rewards_equal]
+        if len(valid) < threshold * target:
+            log.warning("step %d: only %d/%d valid groups after %d resampling rounds (β_th=%.2f); training on them",
+                        self.step, len(valid), target, rounds, threshold)
+        kept = valid[:target]
+        kept += [g for g in last if g.all_rewards_equal][: target - len(kept)]
+        return kept, {"resample_rounds": float(rounds)}
+
+    def prepare_batch(self, groups: list[Group]) -> tuple[RolloutBatch, dict[str, Any]]:
+        batch = collate(groups, self.tokenizer.pad_token_id)
+        temperature = self.cfg.rollout.temperature or 1.0
+        batch.old_logprobs = batch_logprobs(self.model, batch, temperature)
+        if self.ref_model is not None:
+            batch.ref_logprobs = batch_logprobs(self.ref_model, batch, temperature)
+        batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
+        stats = self.algo.batch_stats(batch.rewards, batch.group_ids, batch.advantages, batch.old_logprobs,
+                                      batch.response_mask)
+        return batch, stats
+
+    # ------------------------------------------------------------------------------------------- update
+
+    def update(self, batch: RolloutBatch, stats: dict[str, Any]) -> dict[str, float]:
+        o = self.cfg.optim
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        order_rng = torch.Generator().manual_seed(self.cfg.run.seed * 1_000_003 + self.step)
+        n_groups = int(batch.group_ids.max()) + 1
+        sums: Counter[str] = Counter()
+        updates = skipped = 0
+        for _ in range(o.epochs):
+            for chunk in torch.randperm(n_groups, generator=order_rng).chunk(o.minibatches):
+                rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(1)
+                sub = batch.select(rows)
+                logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature or 1.0,
+                                                      with_entropy=True, rows=rows)
+                loss, metrics = self.algo.policy_loss(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask,
+                                                      sub.group_ids, sub.ref_logprobs, stats)
+                if not torch.isfinite(loss):
+                    skipped += 1  # NaN/inf never reaches the optimizer
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
+                if not torch.isfinite(grad_norm):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                    continue
+                self.optimizer.step()
+                self.scheduler.step()
+                updates += 1
+                mask = sub.response_mask
+                sums.update(metrics)
+                sums.update({"loss": float(loss.detach()), "grad_norm": float(grad_norm),
+                             "entropy": float((entropy.cpu() * mask).sum() / mask.sum().clamp(min=1))})
+        out = {k: v / max(updates, 1) for k, v in sums.items()}
+        out.update(updates=float(updates), skipped_updates=float(skipped))
+        return out
+
+    # ------------------------------------------------------------------------------------------- the loop
+
+    def train_step(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        groups, rollout_info = self.collect_rollouts()
+        t_gen = time.perf_counter() - t0
+        batch, stats = self.prepare_batch(groups)
+        update_metrics = self.update(batch, stats)
+        elapsed = time.perf_counter() - t0
+
+        responses = [r for g in groups for r in g.responses]
+        components = [r.reward.components for r in responses]
+        lengths = [len(r.token_ids) for r in responses]
+        reasons = Counter(r.reward.reason for r in responses if r.reward.reason)
+        record: dict[str, Any] = {
+            "step": self.step,
+            "reward": float(batch.rewards.mean()),
+            "reward_std": float(batch.rewards.std()) if batch.size > 1 else 0.0,
+            "accuracy": float(np.mean([c.get(self.task.accuracy_key, 0.0) >= 1.0 for c in components])),
+            "response_length": float(np.mean(lengths)),
+            "truncated_frac": float(np.mean([r.truncated for r in responses])),
+            "lr": self.scheduler.get_last_lr()[0],
+            "step_time": elapsed,
+            "generation_time": t_gen,
+            "tokens_per_s": sum(lengths) / max(elapsed, 1e-9),
+            "top_zero_reason": reasons.most_common(1)[0][0] if reasons else None,
+        }
+        if self.task.format_key:
+            record["format_rate"] = float(np.mean([c.get(self.task.format_key, 0.0) >= 1.0 for c in components]))
+        record.update({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})
+        record.update(rollout_info)
+        record.update(update_metrics)
+        return record
+
+    def checkpoint(self) -> Path:
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
+                 "history": self.history.state_dict()}
+        return save_checkpoint(self.run_dir, self.step, state, self.cfg.run.keep_checkpoints)
+
+    def restore(self, path: Path) -> None:
+        state = load_checkpoint(path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.history.load_state_dict(state["history"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+
+    def evaluate(self) -> dict[str, Any]:
+        r = self.cfg.run
+        result = evaluate(self.model, self.tokenizer, self.task, k=r.eval_samples, temperature=r.eval_temperature,
+                          max_new_tokens=self.cfg.rollout.max_new_tokens,
+                          max_prompt_tokens=self.cfg.rollout.max_prompt_tokens, seed=r.seed,
+                          batch_size=self.cfg.rollout.generation_batch_size)
+        return {f"eval/{k}": v for k, v in result.items()}
+
+    def run(self) -> dict[str, Any]:
+        """Train until ``run.steps``; on SIGINT/SIGTERM finish the step, checkpoint and stop."""
+        cfg = self.cfg
+        metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=self.step if cfg.run.resume else None)
+        previous = {sig: signal.signal(sig, self._request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        bar = tqdm(total=cfg.run.steps, initial=self.step, disable=not cfg.run.progress, desc=f"{cfg.algo.name}",
+                   unit="step", dynamic_ncols=True)
+        last: dict[str, Any] = {}
+        try:
+            while self.step < cfg.run.steps and not self.stop_requested:
+                record = self.train_step()
+                self.step += 1
+                if (cfg.run.eval_every and self.step % cfg.run.eval_every == 0) or self.step == cfg.run.steps:
+                    record.update(self.evaluate())
+                metrics.write(record)
+                last = record
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.2f}",
+                                len=f"{record['response_length']:.1f}")
+                due = cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0
+                if due or self.stop_requested or self.step == cfg.run.steps:
+                    self.checkpoint()
+        finally:
+            bar.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if cfg.run.plot:
+            plot_curves(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "curves.png",
+                        f"{cfg.algo.name} on {cfg.task.name} ({cfg.model.name})")
+        return last
+
+    def _request_stop(self, signum, frame) -> None:
+        if self.stop_requested:  # a second signal: stop now, the last checkpoint stays valid
+            raise KeyboardInterrupt
+        log.warning("signal %d: finishing step %d, then checkpointing and stopping", signum, self.step + 1)
+        self.stop_requested = True
+
+
+# ----------------------------------------------------------------------------------------------- building
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"config: model.device is {name!r} but no CUDA device is available")
+    return torch.device(name)
+
+
+def build_task(cfg: TrainConfig) -> Task:
+    task = get_task(cfg.task.name, **cfg.task.options)
+    if cfg.task.reward_model:
+        scorer = RewardModelScorer(cfg.task.reward_model)
+        task.reward = weighted([(task.reward, 1.0), (scorer.as_reward(), cfg.task.reward_model_weight)],
+                               f"{task.reward.name}+reward_model")
+    return task
+
+
+def build_algorithm(cfg: TrainConfig) -> algos.Algorithm:
+    params = dict(cfg.algo.params)
+    defaults = algos.hyperparameters(cfg.algo.name) if cfg.algo.name in algos.ALGORITHMS else {}
+    if "max_tokens" in defaults and "max_tokens" not in params:
+        params["max_tokens"] = cfg.rollout.max_new_tokens  # Dr.GRPO's constant normaliser = generation budget
+    return algos.get(cfg.algo.name, **params)
+
+
+def build_trainer(cfg: TrainConfig) -> Trainer:
+    """Validate everything that can be checked before loading a model, then load; fail with one line."""
+    validate(cfg)
+    algo = build_algorithm(cfg)
+    task = build_task(cfg)
+    if algo.on_policy_only and cfg.optim.epochs * cfg.optim.minibatches > 1:
+        log.warning("%s has no importance ratio: with %d updates per rollout it is off-policy after the first",
+                    algo.name, cfg.optim.epochs * cfg.optim.minibatches)
+    run_dir = cfg.out_dir
+    existing = latest_checkpoint(run_dir)
+    if cfg.run.resume and existing is None:
+        raise ValueError(f"config: run.resume is set but {run_dir} has no checkpoint")
+    if not cfg.run.resume and existing is not None and not cfg.run.overwrite:
+        raise ValueError(f"config: run.out_dir {run_dir} already holds a run; pass --resume to continue it, "
+                         f"--run.overwrite true to start afresh, or another --run.out_dir")
+
+    if cfg.model.threads:
+        torch.set_num_threads(cfg.model.threads)
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    device = pick_device(cfg.model.device)
+    dtype = getattr(torch, cfg.model.dtype)
+    tokenizer = load_tokenizer(cfg.model.name)
+    model = load_model(cfg.model.name, dtype=dtype, device=device)
+    model.eval()  # no dropout in RL: π_old and π_θ must be the same function at the first update
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    ref_model = None
+    if algo.uses_reference():
+        ref_model = copy.deepcopy(model).requires_grad_(False)
+    o = cfg.optim
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas,
+                                  weight_decay=o.weight_decay)
+    warmup = o.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup) if warmup else 1.0)
+    trainer = Trainer(cfg, algo, task, tokenizer, model, ref_model, optimizer, scheduler,
+                      PromptSampler(len(task.train), cfg.run.seed),
+                      ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
+                      run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.run.resume:
+        trainer.restore(existing)
+        log.info("resumed from %s at step %d", existing, trainer.step)
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    return trainer
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    trainer = build_trainer(cfg)
+    last = trainer.run()
+    if trainer.stop_requested and trainer.step < cfg.run.steps:
+        print(f"interrupted at step {trainer.step}; checkpoint in {trainer.run_dir / 'checkpoints'}; "
+              f"continue with --resume", file=sys.stderr)
+    return last

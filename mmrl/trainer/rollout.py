@@ -1,0 +1,111 @@
+"""Generation, re-scoring and reward for the local trainer.
+
+All log-probabilities are of the *tempered* policy (logits / temperature), the distribution responses were sampled
+from, as verl does; ``temperature=1`` gives the raw policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mmrl.batch import Group, Response, RolloutBatch
+from mmrl.rewards.base import Reward
+
+
+def encode_prompt(tokenizer, messages: list[dict], max_prompt_tokens: int) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:  # a base model without a chat template: plain concatenation
+        text = "\n".join(m["content"] for m in messages) + "\n"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) > max_prompt_tokens:
+        ids = ids[-max_prompt_tokens:]  # keep the end: the question and the generation prompt
+    return ids
+
+
+def eos_ids(tokenizer, model) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+             batch_size: int = 64) -> list[Response]:
+    """One sampled response per prompt (repeat a prompt to get a group). Greedy when ``temperature == 0``."""
+    was_training = model.training
+    model.eval()
+    stop = eos_ids(tokenizer, model)
+    pad = tokenizer.pad_token_id
+    device = next(model.parameters()).device
+    out: list[Response] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, p in enumerate(chunk):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attn[i, width - len(p) :] = 1
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
+            else {"do_sample": False}
+        seqs = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=max_new_tokens,
+                              pad_token_id=pad, eos_token_id=stop, use_cache=True, **sampling)
+        for row in seqs[:, width:].tolist():
+            tokens, truncated = [], True
+            for t in row:
+                tokens.append(t)
+                if t in stop:
+                    truncated = False
+                    break
+            if truncated:  # generation stopped for the batch; drop padding after this row's last real token
+                while tokens and tokens[-1] == pad and pad not in stop:
+                    tokens.pop()
+            out.append(Response(tokens, tokenizer.decode(tokens, skip_special_tokens=True), truncated=truncated))
+    model.train(was_training)
+    return out
+
+
+def score_groups(groups: list[Group], reward: Reward) -> None:
+    """Fill ``response.reward`` for every response that has none (historical ones keep theirs)."""
+    todo = [(g, r) for g in groups for r in g.responses if r.reward is None]
+    if not todo:
+        return
+    results = reward([r.text for _, r in todo], [g.sample for g, _ in todo])
+    for (_, resp), result in zip(todo, results, strict=True):
+        resp.reward = result
+
+
+def response_logprobs(model, batch: RolloutBatch, temperature: float, with_entropy: bool = False,
+                      rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[N, T]`` of the response tokens under ``model`` (and the token entropy, detached, if asked)."""
+    device = next(model.parameters()).device
+    sub = batch if rows is None else batch.select(rows)
+    logits = model(input_ids=sub.input_ids.to(device), attention_mask=sub.attention_mask.to(device),
+                   position_ids=sub.position_ids.to(device), use_cache=False).logits
+    p = sub.prompt_width
+    logits = logits[:, p - 1 : -1].float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    targets = sub.input_ids[:, p:].to(device)
+    logprobs = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+    logprobs = torch.where(sub.response_mask.to(device) > 0, logprobs, torch.zeros_like(logprobs))  # pads: exact 0
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logprobs, entropy
+
+
+@torch.no_grad()
+def batch_logprobs(model, batch: RolloutBatch, temperature: float, micro_batch: int = 64) -> torch.Tensor:
+    was_training = model.training
+    model.eval()
+    parts = [response_logprobs(model, batch, temperature, rows=torch.arange(i, min(i + micro_batch, batch.size)))[0]
+             for i in range(0, batch.size, micro_batch)]
+    model.train(was_training)
+    return torch.cat(parts).cpu() * batch.response_mask

@@ -1,0 +1,379 @@
+"""The algorithm layer: the contract, the edge cases, and each paper's claims (one test or more per claim)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mmrl.algos as algos
+from mmrl.algos.cw_grpo import covariance_stats, covariance_weights
+from mmrl.algos.gvpo import gvpo_weights
+
+ALL = sorted(algos.ALGORITHMS)
+
+
+def make_batch(rewards, group_ids, t=6, seed=0, lengths=None, drift=0.1):
+    g = torch.Generator().manual_seed(seed)
+    n = len(rewards)
+    old = -torch.rand(n, t, generator=g) * 3
+    new = (old + drift * torch.randn(n, t, generator=g)).requires_grad_(True)
+    mask = torch.ones(n, t)
+    if lengths is not None:
+        for i, length in enumerate(lengths):
+            mask[i, length:] = 0
+    return torch.tensor(rewards, dtype=torch.float32), torch.tensor(group_ids), new, old, mask
+
+
+def run(name, rewards, group_ids, logprobs, old, mask, **params):
+    algo = algos.get(name, **params)
+    adv = algo.advantages(rewards, group_ids)
+    stats = algo.batch_stats(rewards, group_ids, adv, old, mask)
+    ref = old.clone() if algo.uses_reference() else None
+    loss, metrics = algo.policy_loss(logprobs, old, adv, mask, group_ids, ref, stats)
+    return loss, metrics, adv
+
+
+# ------------------------------------------------------------------------------------------ contract
+
+
+def test_registry_has_the_six_objectives():
+    assert set(ALL) == {"grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo"}
+
+
+def test_unknown_algorithm_and_parameter_fail_with_one_clear_line():
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'"):
+        algos.get("ppo")
+    with pytest.raises(ValueError, match="has no hyper-parameter 'bta'"):
+        algos.get("gvpo", bta=0.1)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        algos.get("gvpo", beta=0)
+    with pytest.raises(ValueError, match="clip_mode"):
+        algos.get("gmpo", clip_mode="tokens")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_algorithms_import_no_trainer(name):
+    import sys
+
+    mod = sys.modules[type(algos.get(name)).__module__]
+    source = open(mod.__file__).read()
+    assert "mmrl.trainer" not in source and "transformers" not in source
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("case", ["all_equal", "single_sample_groups", "zero_length", "mixed"])
+def test_no_nan_or_inf_in_edge_cases(name, case):
+    rewards, groups, lengths = {
+        "all_equal": ([1.0] * 4 + [0.0] * 4, [0] * 4 + [1] * 4, None),
+        "single_sample_groups": ([1.0, 0.0, 0.5], [0, 1, 2], None),
+        "zero_length": ([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], [0, 3, 0, 0]),
+        "mixed": ([1.0, 0.0, 0.0, 0.0, 1.0], [0, 0, 0, 1, 2], [6, 0, 2, 6, 1]),
+    }[case]
+    r, g, lp, old, mask = make_batch(rewards, groups, lengths=lengths)
+    loss, metrics, adv = run(name, r, g, lp, old, mask)
+    loss.backward()
+    assert torch.isfinite(adv).all()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(lp.grad).all()
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_rewards_with_nan_are_refused(name):
+    with pytest.raises(ValueError, match="NaN"):
+        algos.get(name).advantages(torch.tensor([1.0, float("nan")]), torch.tensor([0, 0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), name=st.sampled_from(ALL))
+def test_random_batches_give_finite_losses_and_gradients(data, name):
+    n_groups = data.draw(st.integers(1, 4))
+    size = data.draw(st.integers(1, 5))
+    rewards = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, -2.0, 10.0]), min_size=n_groups * size,
+                                 max_size=n_groups * size))
+    groups = [i // size for i in range(n_groups * size)]
+    lengths = data.draw(st.lists(st.integers(0, 6), min_size=len(rewards), max_size=len(rewards)))
+    drift = data.draw(st.sampled_from([0.0, 0.1, 5.0, 50.0]))
+    r, g, lp, old, mask = make_batch(rewards, groups, lengths=lengths, drift=drift, seed=data.draw(st.integers(0, 9)))
+    loss, _, _ = run(name, r, g, lp, old, mask)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_loss_gradient_is_exactly_zero_on_padding(name):
+    r, g, lp, old, mask = make_batch([1.0, 0.0, 0.5, 0.0], [0, 0, 1, 1], lengths=[2, 6, 3, 4])
+    loss, _, _ = run(name, r, g, lp, old, mask)
+    loss.backward()
+    assert (lp.grad[mask == 0] == 0).all()
+
+
+# ------------------------------------------------------------------------------------------ GRPO / Dr.GRPO
+
+
+def test_grpo_advantage_is_group_normalised():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0])
+    g = torch.tensor([0, 0, 0, 0, 1, 1])
+    adv = algos.get("grpo").advantages(r, g)
+    first = (r[:4] - r[:4].mean()) / r[:4].std()
+    second = (r[4:] - r[4:].mean()) / r[4:].std()
+    torch.testing.assert_close(adv, torch.cat([first, second]), atol=1e-5, rtol=1e-5)
+
+
+def test_grpo_clip_zeroes_the_gradient_only_on_the_advantage_side():
+    old = torch.zeros(2, 2)
+    lp = torch.tensor([[0.5, 0.0], [0.5, 0.0]], requires_grad=True)  # token 0: ratio e^0.5 > 1.2
+    adv = torch.tensor([1.0, -1.0])
+    loss, metrics = algos.get("grpo").policy_loss(lp, old, adv, torch.ones(2, 2), torch.tensor([0, 0]))
+    loss.backward()
+    assert lp.grad[0, 0] == 0  # A > 0 and ratio above 1+ε: clipped
+    assert lp.grad[1, 0] != 0  # A < 0: the upper clip does not bind
+    assert lp.grad[0, 1] != 0 and lp.grad[1, 1] != 0
+    assert metrics["clip_frac"] == pytest.approx(0.25)
+
+
+def test_grpo_kl_term_is_k3_and_needs_a_reference():
+    lp = torch.log(torch.tensor([[0.5, 0.2]])).requires_grad_(True)
+    ref = torch.log(torch.tensor([[0.25, 0.2]]))
+    algo = algos.get("grpo", kl_coef=0.5)
+    assert algo.uses_reference() and not algos.get("grpo").uses_reference()
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        algo.policy_loss(lp, lp.detach(), torch.zeros(1), torch.ones(1, 2), torch.tensor([0]))
+    loss, metrics = algo.policy_loss(lp, lp.detach(), torch.zeros(1), torch.ones(1, 2), torch.tensor([0]), ref)
+    k3 = (0.5 - math.log(0.5) - 1 + 0.0) / 2  # r = ref/π = 0.5 on token 0, 1 on token 1
+    assert metrics["kl_ref"] == pytest.approx(k3, rel=1e-5)
+    assert float(loss) == pytest.approx(0.5 * k3, rel=1e-5)
+
+
+def test_dr_grpo_has_no_std_and_no_length_normalisation():
+    r = torch.tensor([2.0, 0.0])
+    g = torch.tensor([0, 0])
+    algo = algos.get("dr_grpo", max_tokens=10)
+    adv = algo.advantages(r, g)
+    torch.testing.assert_close(adv, torch.tensor([1.0, -1.0]))
+    # Same response once with 2 tokens and once with 4: the loss doubles (GRPO's per-length mean would not).
+    lp2 = torch.zeros(1, 4)
+    short = torch.tensor([[1.0, 1, 0, 0]])
+    long_ = torch.ones(1, 4)
+    l_short, _ = algo.policy_loss(lp2, lp2, torch.tensor([1.0]), short, torch.tensor([0]))
+    l_long, _ = algo.policy_loss(lp2, lp2, torch.tensor([1.0]), long_, torch.tensor([0]))
+    assert float(l_long) == pytest.approx(2 * float(l_short))
+    assert float(l_short) == pytest.approx(-2 / 10)  # Σ -ρA / (N · max_tokens)
+    g_short, _ = algos.get("grpo").policy_loss(lp2, lp2, torch.tensor([1.0]), short, torch.tensor([0]))
+    g_long, _ = algos.get("grpo").policy_loss(lp2, lp2, torch.tensor([1.0]), long_, torch.tensor([0]))
+    assert float(g_short) == pytest.approx(float(g_long))
+
+
+# ------------------------------------------------------------------------------------------ GPG
+
+
+def grad_of(name, rewards, groups, lp_init, old, mask, **params):
+    lp = lp_init.clone().requires_grad_(True)
+    loss, _, _ = run(name, torch.tensor(rewards), torch.tensor(groups), lp, old, mask, **params)
+    loss.backward()
+    return lp.grad
+
+
+def test_gpg_loss_is_minus_logp_times_advantage_without_ratio():
+    lp = torch.tensor([[-1.0, -2.0], [-0.5, -0.5]], requires_grad=True)
+    old = torch.tensor([[-3.0, -3.0], [-3.0, -3.0]])  # far from lp: a ratio would change the loss; GPG has none
+    loss, _, adv = run("gpg", torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), lp, old, torch.ones(2, 2),
+                       valid_threshold=0.0)
+    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5]))  # F_norm = 1, α = 1 (no degenerate group)
+    expected = -(0.5 * (-1.0 - 2.0) - 0.5 * (-0.5 - 0.5)) / 4
+    assert float(loss) == pytest.approx(expected)
+
+
+def test_gpg_alpha_makes_degenerate_groups_free():
+    """gpg.md Eq. 7: adding all-right/all-wrong groups must not shrink the gradient of the valid ones."""
+    t = 5
+    valid_r, valid_g = [1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1]
+    torch.manual_seed(0)
+    lp_valid = -torch.rand(4, t)
+    lp_degenerate = -torch.rand(4, t)
+    full_lp = torch.cat([lp_valid, lp_degenerate])
+    mask = torch.ones(8, t)
+    g_full = grad_of("gpg", valid_r + [1.0, 1.0, 0.0, 0.0], valid_g + [2, 2, 3, 3], full_lp, full_lp, mask)
+    g_valid = grad_of("gpg", valid_r, valid_g, lp_valid, lp_valid, mask[:4])
+    torch.testing.assert_close(g_full[:4], g_valid)
+    assert (g_full[4:] == 0).all()
+    # Without α the degenerate groups dilute the gradient by B/(B-M) = 2.
+    g_plain = grad_of("gpg", valid_r + [1.0, 1.0, 0.0, 0.0], valid_g + [2, 2, 3, 3], full_lp, full_lp, mask,
+                      adjust_alpha=False)
+    torch.testing.assert_close(g_plain[:4] * 2, g_valid)
+
+
+def test_gpg_batch_stats_and_std_option():
+    algo = algos.get("gpg", f_norm="std")
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    g = torch.tensor([0, 0, 1, 1])
+    adv = algo.advantages(r, g)
+    assert algo.batch_stats(r, g, adv, torch.zeros(4, 1), torch.ones(4, 1)) == {"alpha": 2.0, "valid_fraction": 0.5}
+    std = torch.tensor([1.0, 0.0]).std()
+    torch.testing.assert_close(adv, 2.0 * torch.tensor([0.5, -0.5, 0, 0]) / (std + 1e-4))
+    all_equal = algo.advantages(torch.ones(4), g)
+    assert (all_equal == 0).all()
+
+
+# ------------------------------------------------------------------------------------------ GVPO
+
+
+def test_gvpo_weights_sum_to_zero_per_group():
+    torch.manual_seed(1)
+    r = torch.tensor([1.0, 0.0, 0.5, 2.0, -1.0, 0.0, 0.0])
+    g = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    adv = algos.get("gvpo").advantages(r, g)
+    w = gvpo_weights(torch.randn(7), torch.randn(7), adv, g, beta=0.1)
+    assert abs(float(w[:3].sum())) < 1e-6 and abs(float(w[3:].sum())) < 1e-6
+
+
+def test_gvpo_gradient_equals_listing1_weight_form():
+    """§3.2: the MSE loss we minimise has the gradient of Eq. 8 / Listing 1 (-β Σ w_i ∇log π(y_i) / (k-1))."""
+    r, g, lp, old, mask = make_batch([1.0, 0.0, 0.0, 1.0, 0.3, 0.7, 0.2, 0.9], [0, 0, 0, 0, 1, 1, 1, 1],
+                                     lengths=[6, 3, 5, 1, 2, 6, 4, 5], drift=0.5)
+    beta = 0.1
+    loss, _, adv = run("gvpo", r, g, lp, old, mask, beta=beta)
+    loss.backward()
+    lp2 = lp.detach().clone().requires_grad_(True)
+    seq = (lp2 * mask).sum(1)
+    w = gvpo_weights(seq, (old * mask).sum(1), adv, g, beta)
+    listing1 = sum(-(beta * seq[g == k] * w[g == k]).sum() / (int((g == k).sum()) - 1) for k in (0, 1)) / 2
+    listing1.backward()
+    torch.testing.assert_close(lp.grad, lp2.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_gvpo_refuses_split_groups():
+    r, g, lp, old, mask = make_batch([1.0, 0.0, 0.0, 1.0], [0, 0, 0, 0])
+    algo = algos.get("gvpo")
+    adv = algo.advantages(r, g)
+    with pytest.raises(ValueError, match="whole groups"):
+        algo.policy_loss(lp[:3], old[:3], adv[:3], mask[:3], g[:3])
+
+
+def test_gvpo_converges_to_the_kl_constrained_optimum():
+    """Theorem 3.1/3.2 on a tabular problem: minimising L_GVPO gives π* ∝ π_θ'·exp(R/β).
+
+    One prompt, 6 one-token responses. π_s is uniform (Theorem 3.2 allows any full-support π_s), so a group holding
+    each response once is the exact expectation. π_θ' is the fixed initial policy.
+    """
+    torch.manual_seed(0)
+    k, beta = 6, 0.5
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.9, 0.0])
+    theta_ref = torch.randn(k)
+    log_ref = torch.log_softmax(theta_ref, 0)
+    theta = theta_ref.clone().requires_grad_(True)
+    algo = algos.get("gvpo", beta=beta)
+    groups = torch.zeros(k, dtype=torch.long)
+    adv = algo.advantages(rewards, groups)
+    opt = torch.optim.Adam([theta], lr=0.05)
+    for _ in range(3000):
+        logp = torch.log_softmax(theta, 0)
+        loss, _ = algo.policy_loss(logp[:, None], log_ref[:, None], adv, torch.ones(k, 1), groups)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    target = torch.softmax(log_ref + rewards / beta, 0)
+    learned = torch.softmax(theta.detach(), 0)
+    torch.testing.assert_close(learned, target, atol=1e-4, rtol=1e-3)
+    assert float(loss) < 1e-8
+
+
+# ------------------------------------------------------------------------------------------ GMPO
+
+
+def test_gmpo_objective_is_bounded_by_grpo_objective():
+    """gmpo.md Eq. 4: |J_GMPO| <= |J_GRPO| (geometric vs arithmetic mean of token ratios), clipping aside."""
+    torch.manual_seed(3)
+    for seed in range(20):
+        r, g, lp, old, mask = make_batch([1.0, 0.0, 0.7, 0.2], [0, 0, 0, 0], lengths=[6, 2, 4, 5], drift=1.0,
+                                         seed=seed)
+        gmpo = algos.get("gmpo", clip_mode="none")
+        grpo = algos.get("grpo", clip_low=0.0, clip_high=1e9)  # no clip binds for A > 0 either
+        adv = gmpo.advantages(r, g).abs()  # |ρ·Â| form of Eq. 4: magnitudes
+        j_gmpo, _ = gmpo.policy_loss(lp, old, adv, mask, g)
+        j_grpo, _ = grpo.policy_loss(lp, old, adv, mask, g)
+        assert abs(float(j_gmpo)) <= abs(float(j_grpo)) + 1e-6
+
+
+def test_gmpo_token_clip_zeroes_gradient_only_on_the_advantage_side():
+    old = torch.zeros(2, 3)
+    lp = torch.tensor([[0.6, 0.0, -0.6], [0.6, 0.0, -0.6]], requires_grad=True)  # |log ρ| = 0.6 > 0.4
+    adv = torch.tensor([1.0, -1.0])
+    loss, metrics = algos.get("gmpo").policy_loss(lp, old, adv, torch.ones(2, 3), torch.tensor([0, 0]))
+    loss.backward()
+    assert lp.grad[0, 0] == 0 and lp.grad[0, 2] != 0  # A > 0: only the upper bound binds
+    assert lp.grad[1, 2] == 0 and lp.grad[1, 0] != 0  # A < 0: only the lower bound binds
+    assert lp.grad[0, 1] != 0 and lp.grad[1, 1] != 0
+    assert metrics["clip_frac"] == pytest.approx(2 / 6)
+
+
+def test_gmpo_value_matches_equation_5():
+    lp = torch.tensor([[0.1, -0.2, 0.9, 0.0]])
+    old = torch.zeros(1, 4)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    adv = torch.tensor([2.0])
+    loss, _ = algos.get("gmpo").policy_loss(lp, old, adv, mask, torch.tensor([0]))
+    expected = -2.0 * math.exp((0.1 - 0.2 + 0.4) / 3)  # token 3 clipped to 0.4, padding ignored
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+    seq, _ = algos.get("gmpo", clip_mode="sequence").policy_loss(lp, old, adv, mask, torch.tensor([0]))
+    assert float(seq) == pytest.approx(-2.0 * math.exp(0.4 / 3), rel=1e-6)  # Σ log ρ = 0.8 clipped to 0.4
+    raw, _ = algos.get("gmpo", clip_mode="none", length_norm=False).policy_loss(lp, old, adv, mask,
+                                                                               torch.tensor([0]))
+    assert float(raw) == pytest.approx(-2.0 * math.exp(0.8), rel=1e-6)
+
+
+def test_gmpo_sequence_clip_silences_the_whole_sequence():
+    lp = torch.tensor([[0.3, 0.3]], requires_grad=True)
+    loss, _ = algos.get("gmpo", clip_mode="sequence").policy_loss(lp, torch.zeros(1, 2), torch.tensor([1.0]),
+                                                                  torch.ones(1, 2), torch.tensor([0]))
+    loss.backward()
+    assert (lp.grad == 0).all()
+
+
+# ------------------------------------------------------------------------------------------ CW-GRPO
+
+
+def test_cw_weights_have_mean_one_and_suppress_extreme_covariance():
+    torch.manual_seed(0)
+    n, t = 8, 16
+    old = -torch.rand(n, t)
+    old[0, 0] = -12.0  # an extreme log-prob on a high-|advantage| response: extreme covariance
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 1])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    adv = algos.get("cw_grpo").advantages(rewards, groups)
+    mask = torch.ones(n, t)
+    mask[3, 10:] = 0
+    w = covariance_weights(old, adv, mask)
+    assert float((w * mask).sum() / mask.sum()) == pytest.approx(1.0, abs=1e-5)
+    assert (w[mask == 0] == 0).all()
+    assert float(w[0, 0]) < 0.01  # the extreme token is filtered out
+    typical = w[mask.bool()].median()
+    assert float(typical) > 0.9  # moderate tokens keep (slightly more than) their weight
+    stats = covariance_stats(old, adv, mask)
+    lp = old.detach()
+    c = (lp - stats["cov_mean_logp"]) * (adv[:, None] - stats["cov_mean_adv"])
+    order = torch.argsort(c[mask.bool()].abs())
+    assert (w[mask.bool()][order].diff() <= 1e-6).all()  # weights decrease with |c|
+
+
+def test_cw_grpo_uses_whole_batch_statistics_in_minibatches():
+    r, g, lp, old, mask = make_batch([1.0, 0.0, 0.0, 1.0, 0.3, 0.7, 0.2, 0.9], [0, 0, 0, 0, 1, 1, 1, 1],
+                                     lengths=[6, 3, 5, 1, 2, 6, 4, 5])
+    algo = algos.get("cw_grpo")
+    adv = algo.advantages(r, g)
+    stats = algo.batch_stats(r, g, adv, old, mask)
+    whole = covariance_weights(old, adv, mask, stats)
+    half = covariance_weights(old[4:], adv[4:], mask[4:], stats)
+    torch.testing.assert_close(half, whole[4:])
+
+
+def test_cw_grpo_equals_grpo_when_covariance_vanishes():
+    r, g, lp, old, mask = make_batch([1.0, 1.0, 0.0, 0.0], [0, 0, 1, 1])
+    old = torch.full_like(old, -1.0)  # every log-prob equal: c = 0, σ = 0, all weights 1
+    l_cw, _, _ = run("cw_grpo", r, g, lp, old, mask)
+    l_grpo, _, _ = run("grpo", r, g, lp, old, mask)
+    assert float(l_cw) == pytest.approx(float(l_grpo))
