@@ -63,12 +63,11 @@ def split_open_flags(extra: list[str], sections: set[str]) -> dict[str, str]:
     return out
 
 
-def run_cli(main: Callable[[list[str] | None], Any], argv: list[str] | None = None) -> int:
+def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run ``main``; a ValueError (bad config or data) becomes one line on stderr and exit code 2."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        main(argv)
+        return main(argv) or 0
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0

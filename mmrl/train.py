@@ -43,15 +43,16 @@ def parse_config(argv: list[str] | None) -> TrainConfig:
     return cfg
 
 
-def _main(argv: list[str] | None) -> None:
+def _main(argv: list[str] | None) -> int:
     from mmrl.trainer.local import train
 
     cfg = parse_config(argv)
-    last = train(cfg)
+    last, trainer = train(cfg)
     shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in last.items()
              if k in ("step", "reward", "accuracy") or k.startswith("eval/")}
     print(json.dumps(shown))
     print(f"run directory: {cfg.out_dir} (metrics.jsonl, curves.png, checkpoints/)")
+    return 128 + trainer.stop_signal if trainer.stop_signal is not None else 0  # the shell's convention
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,7 +78,7 @@ class Algorithm(abc.ABC):
     def __post_init__(self) -> None:
         self.validate()
 
-    def validate(self) -> None:
+    def validate(self) -> None:  # noqa: B027 -- optional hook; most objectives have parameters to check
         """Raise ValueError naming the hyper-parameter that is out of range."""
 
     def uses_reference(self) -> bool:
@@ -104,7 +104,8 @@ class Algorithm(abc.ABC):
 
 def check_batch(rewards: Tensor, group_ids: Tensor) -> None:
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(f"rewards and group_ids must both be [N]; got {tuple(rewards.shape)} and {tuple(group_ids.shape)}")
+        raise ValueError(f"rewards and group_ids must both be [N]; got {tuple(rewards.shape)} and "
+                         f"{tuple(group_ids.shape)}")
     if not torch.isfinite(rewards).all():
         raise ValueError("rewards contain NaN or inf; the reward layer must map bad scores to finite values")
 
@@ -115,17 +116,18 @@ def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
     return dense, int(dense.max().item()) + 1 if dense.numel() else 0
 
 
-def group_mean_std(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample group mean, unbiased group std (0 for single-sample groups) and group size, all ``[N]``.
+def group_sum(values: Tensor, dense: Tensor, n_groups: int) -> Tensor:
+    """``[G]`` sums of ``values`` ``[N]`` by dense group index (differentiable; no Python loop over groups)."""
+    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add(0, dense, values)
 
-    Vectorised with ``index_add_``: no Python loop over groups.
-    """
+
+def group_mean_std(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample group mean, unbiased group std (0 for single-sample groups) and group size, all ``[N]``."""
     dense, n_groups = group_index(group_ids)
     values = values.to(torch.float64)
-    count = torch.zeros(n_groups, dtype=torch.float64, device=values.device).index_add_(0, dense, torch.ones_like(values))
-    total = torch.zeros(n_groups, dtype=torch.float64, device=values.device).index_add_(0, dense, values)
-    mean = total / count
-    sq = torch.zeros(n_groups, dtype=torch.float64, device=values.device).index_add_(0, dense, (values - mean[dense]) ** 2)
+    count = group_sum(torch.ones_like(values), dense, n_groups)
+    mean = group_sum(values, dense, n_groups) / count
+    sq = group_sum((values - mean[dense]) ** 2, dense, n_groups)
     var = torch.where(count > 1, sq / (count - 1).clamp(min=1), torch.zeros_like(sq))
     return mean[dense], var.sqrt()[dense], count[dense]
 
@@ -176,7 +178,7 @@ LOSS_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_no
 
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """Per-token k3 estimator of KL(pi_theta || pi_ref) (Schulman 2020; DeepSeekMath Eq. 4): r - log r - 1, r = pi_ref/pi.
+    """Per-token k3 estimator of KL(π_θ || π_ref) (Schulman 2020; DeepSeekMath Eq. 4): r - log r - 1, r = π_ref/π_θ.
 
     The log-ratio is clamped to [-20, 20] so that exp never overflows.
     """

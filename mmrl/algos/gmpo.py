@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mmrl.algos.base import (Algorithm, Metrics, Tensor, float_metrics, masked_mean, policy_drift_metrics, register)
+from mmrl.algos.base import Algorithm, Metrics, Tensor, float_metrics, masked_mean, policy_drift_metrics, register
 from mmrl.algos.grpo import grpo_advantages
 
 

@@ -32,8 +32,18 @@ from typing import Any
 
 import torch
 
-from mmrl.algos.base import (Algorithm, Metrics, Tensor, check_batch, float_metrics, group_all_equal,
-                             group_mean_std, masked_mean, policy_drift_metrics, register)
+from mmrl.algos.base import (
+    Algorithm,
+    Metrics,
+    Tensor,
+    check_batch,
+    float_metrics,
+    group_all_equal,
+    group_mean_std,
+    masked_mean,
+    policy_drift_metrics,
+    register,
+)
 
 
 def gpg_alpha(rewards: Tensor, group_ids: Tensor) -> tuple[float, float]:

@@ -20,8 +20,20 @@ from typing import Any
 
 import torch
 
-from mmrl.algos.base import (LOSS_AGGREGATIONS, Algorithm, Metrics, Tensor, aggregate, check_batch, float_metrics,
-                             group_mean_std, kl_k3, masked_mean, policy_drift_metrics, register)
+from mmrl.algos.base import (
+    LOSS_AGGREGATIONS,
+    Algorithm,
+    Metrics,
+    Tensor,
+    aggregate,
+    check_batch,
+    float_metrics,
+    group_mean_std,
+    kl_k3,
+    masked_mean,
+    policy_drift_metrics,
+    register,
+)
 
 
 def clipped_surrogate(logprobs: Tensor, old_logprobs: Tensor, token_adv: Tensor, clip_low: float,

@@ -33,8 +33,18 @@ from typing import Any
 
 import torch
 
-from mmrl.algos.base import (Algorithm, Metrics, Tensor, check_batch, float_metrics, group_index, group_mean_std,
-                             policy_drift_metrics, register)
+from mmrl.algos.base import (
+    Algorithm,
+    Metrics,
+    Tensor,
+    check_batch,
+    float_metrics,
+    group_index,
+    group_mean_std,
+    group_sum,
+    policy_drift_metrics,
+    register,
+)
 
 
 def gvpo_weights(seq_logprobs: Tensor, seq_old_logprobs: Tensor, advantages: Tensor, group_ids: Tensor,
@@ -66,21 +76,18 @@ class GVPO(Algorithm):
                     stats: dict[str, Any] | None = None) -> tuple[Tensor, Metrics]:
         mask = mask.to(logprobs.dtype)
         dense, n_groups = group_index(group_ids)
-        adv_sum = torch.zeros(n_groups, dtype=torch.float64, device=advantages.device).index_add_(0, dense, advantages.to(torch.float64))
-        if (adv_sum.abs() > 1e-4 * (1 + advantages.abs().sum())).any():
+        if (group_sum(advantages.double(), dense, n_groups).abs() > 1e-4 * (1 + advantages.abs().sum())).any():
             raise ValueError("gvpo needs whole groups in a mini-batch: advantages of some group do not sum to zero")
 
         seq = (logprobs * mask).sum(1)
         seq_old = (old_logprobs * mask).sum(1)
         implicit = self.beta * (seq - seq_old)  # β·log(π_θ/π_θ') per response
-        implicit_mean = torch.zeros(n_groups, dtype=implicit.dtype, device=implicit.device).index_add_(0, dense, implicit)
-        size = torch.zeros(n_groups, dtype=implicit.dtype, device=implicit.device).index_add_(0, dense, torch.ones_like(implicit))
-        implicit_mean = implicit_mean / size
+        size = group_sum(torch.ones_like(implicit), dense, n_groups)
+        implicit_mean = group_sum(implicit, dense, n_groups) / size
         residual = (implicit - implicit_mean[dense]) - advantages.to(implicit.dtype)
-        per_group = torch.zeros(n_groups, dtype=implicit.dtype, device=implicit.device).index_add_(0, dense, 0.5 * residual**2)
-        trainable = size > 1
-        per_group = torch.where(trainable, per_group / (size - 1).clamp(min=1), torch.zeros_like(per_group))
-        loss = per_group.sum() / trainable.sum().clamp(min=1)
+        per_group = group_sum(0.5 * residual**2, dense, n_groups) / (size - 1).clamp(min=1)
+        trainable = size > 1  # a group of one has no zero-sum weights: it contributes nothing
+        loss = (per_group * trainable).sum() / trainable.sum().clamp(min=1)
 
         weights = gvpo_weights(seq, seq_old, advantages, group_ids, self.beta)
         metrics = policy_drift_metrics(logprobs, old_logprobs, mask)

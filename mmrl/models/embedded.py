@@ -5,9 +5,11 @@
 1. A byte-level BPE tokenizer (Qwen-style: digits split one per token, ChatML special tokens) is trained by
    ``tokenizers`` on text generated from the bundled task templates (~0.5 s).
 2. A Qwen2ForCausalLM (hidden 64, 2 layers, ~0.1 M parameters) is initialised with a fixed seed.
-3. It is pre-trained for a few seconds on the *format* of the bundled arithmetic task with **random** answers
-   (``<answer>17</answer>`` for "3+5"): the result is a base model that always answers in the right format but is at
-   chance on correctness (~5 %), so that what RL teaches (correct sums) is visible in the reward curve.
+3. It is pre-trained for ~10 s (200 steps) on the bundled arithmetic task, answers in ``<answer>N</answer>``
+   format. That is deliberately too short: the result is a weak base model that always answers in the right format
+   and is right about 28 % of the time (train and held-out problems alike). That is the regime RL with verifiable
+   rewards works in on real LLMs (it sharpens what the base model can sometimes do), so a few CPU minutes of RL show
+   the objectives doing their job rather than a blind search from chance.
 
 The result is cached under ``$MMRL_CACHE`` (default ``~/.cache/mmrl``) keyed by ``RECIPE_VERSION``.
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-RECIPE_VERSION = "tiny-qwen2-v1"
+RECIPE_VERSION = "tiny-qwen2-v3"
 EMBEDDED_NAME = "embedded:tiny-qwen2"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
@@ -83,8 +85,8 @@ def tiny_qwen2(tokenizer, hidden: int = 64, layers: int = 2, seed: int = 0):
     return Qwen2ForCausalLM(config)
 
 
-def format_pretrain(model, tokenizer, steps: int = 400, batch_size: int = 64, lr: float = 3e-3, seed: int = 0) -> float:
-    """Teach the answer format with random answers; returns the final loss. Loss only on the answer tokens."""
+def pretrain(model, tokenizer, steps: int = 200, batch_size: int = 64, lr: float = 3e-3, seed: int = 0) -> float:
+    """Supervised pre-training on single-digit sums; returns the final loss. Loss only on the answer tokens."""
     from mmrl.tasks.arithmetic import arithmetic_prompt
 
     rng = random.Random(seed)
@@ -97,7 +99,7 @@ def format_pretrain(model, tokenizer, steps: int = 400, batch_size: int = 64, lr
             a, b = rng.randrange(10), rng.randrange(10)
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": arithmetic_prompt(a, "+", b)}],
                                                    tokenize=False, add_generation_prompt=True)
-            answer = f"<answer>{rng.randrange(19)}</answer><|im_end|>"
+            answer = f"<answer>{a + b}</answer><|im_end|>"
             p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
             c = tokenizer(answer, add_special_tokens=False)["input_ids"]
             ids.append(p + c)
@@ -128,7 +130,7 @@ def build_embedded(cache_dir: Path | None = None, force: bool = False) -> Path:
         with torch.random.fork_rng():
             tokenizer = train_tokenizer()
             model = tiny_qwen2(tokenizer)
-            format_pretrain(model, tokenizer)
+            pretrain(model, tokenizer)
     finally:
         torch.set_num_threads(previous_threads)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))

@@ -55,7 +55,7 @@ class RolloutConfig:
 
 @dataclasses.dataclass
 class OptimConfig:
-    lr: float = 2e-3  # for the embedded tiny model; billion-parameter models want ~1e-6
+    lr: float = 1e-3  # for the embedded tiny model (2e-3 diverges); billion-parameter models want ~1e-6
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0  # optimizer steps of linear warm-up, then constant

@@ -107,7 +107,7 @@ class Trainer:
     history: ReplayHistory
     run_dir: Path
     step: int = 0
-    stop_requested: bool = False
+    stop_signal: int | None = None  # set by SIGINT/SIGTERM: finish the step, checkpoint, stop
     prompt_cache: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
     # ------------------------------------------------------------------------------------------- rollouts
@@ -274,7 +274,7 @@ class Trainer:
                    unit="step", dynamic_ncols=True)
         last: dict[str, Any] = {}
         try:
-            while self.step < cfg.run.steps and not self.stop_requested:
+            while self.step < cfg.run.steps and self.stop_signal is None:
                 record = self.train_step()
                 self.step += 1
                 if (cfg.run.eval_every and self.step % cfg.run.eval_every == 0) or self.step == cfg.run.steps:
@@ -285,7 +285,7 @@ class Trainer:
                 bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.2f}",
                                 len=f"{record['response_length']:.1f}")
                 due = cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0
-                if due or self.stop_requested or self.step == cfg.run.steps:
+                if due or self.stop_signal is not None or self.step == cfg.run.steps:
                     self.checkpoint()
         finally:
             bar.close()
@@ -297,10 +297,10 @@ class Trainer:
         return last
 
     def _request_stop(self, signum, frame) -> None:
-        if self.stop_requested:  # a second signal: stop now, the last checkpoint stays valid
+        if self.stop_signal is not None:  # a second signal: stop now, the last checkpoint stays valid
             raise KeyboardInterrupt
         log.warning("signal %d: finishing step %d, then checkpointing and stopping", signum, self.step + 1)
-        self.stop_requested = True
+        self.stop_signal = signum
 
 
 # ----------------------------------------------------------------------------------------------- building
@@ -379,10 +379,11 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     return trainer
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
+def train(cfg: TrainConfig) -> tuple[dict[str, Any], Trainer]:
+    """Build and run; returns the last step's metrics and the trainer (``trainer.stop_signal`` if interrupted)."""
     trainer = build_trainer(cfg)
     last = trainer.run()
-    if trainer.stop_requested and trainer.step < cfg.run.steps:
-        print(f"interrupted at step {trainer.step}; checkpoint in {trainer.run_dir / 'checkpoints'}; "
-              f"continue with --resume", file=sys.stderr)
-    return last
+    if trainer.stop_signal is not None and trainer.step < cfg.run.steps:
+        print(f"interrupted by signal {trainer.stop_signal} at step {trainer.step}; checkpoint in "
+              f"{trainer.run_dir / 'checkpoints'}; continue with --resume", file=sys.stderr)
+    return last, trainer

@@ -1,0 +1,76 @@
+"""``python -m mmrl.eval --task arithmetic --model runs/arithmetic-gpg [--k 8] [--out eval.json]``.
+
+pass@1, pass@k and avg@k on the task's held-out split with the same reward as training; prints a table and writes
+JSON. ``--model`` takes the same specs as training (embedded default, a local/hub checkpoint, a GGUF file) or a run
+directory / checkpoint of ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mmrl.cli import catalogue, run_cli, split_open_flags
+from mmrl.models.embedded import EMBEDDED_NAME
+
+
+def model_from_run(spec: str) -> tuple[str, Path | None]:
+    """(model spec to load, checkpoint state to apply): a run dir evaluates its latest checkpoint."""
+    from mmrl.trainer.checkpoint import latest_checkpoint
+
+    path = Path(spec)
+    if (path / "config.json").exists() and (path / "checkpoints").exists():
+        ckpt = latest_checkpoint(path)
+        base = json.loads((path / "config.json").read_text())["model"]["name"]
+        return base, ckpt
+    return spec, None
+
+
+def _main(argv: list[str] | None) -> None:
+    import torch
+
+    from mmrl.models import load_model, load_tokenizer
+    from mmrl.tasks import get_task
+    from mmrl.trainer.checkpoint import load_checkpoint
+    from mmrl.trainer.config import parse_scalar
+    from mmrl.trainer.evaluate import evaluate
+
+    parser = argparse.ArgumentParser(prog="python -m mmrl.eval", description=__doc__, epilog=catalogue(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="arithmetic")
+    parser.add_argument("--model", default=EMBEDDED_NAME, help="model spec, or a run directory of mmrl.train")
+    parser.add_argument("--k", type=int, default=4, help="samples per problem")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 for greedy (then k = 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-problems", type=int, default=0, help="0: the whole held-out split")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="", help="write the results as JSON here")
+    args, extra = parser.parse_known_args(argv)
+    if args.k < 1:
+        raise ValueError("--k must be >= 1")
+    options = {k.partition(".")[2]: parse_scalar(v) for k, v in split_open_flags(extra, {"task"}).items()}
+    task = get_task(args.task, **options)
+    spec, ckpt = model_from_run(args.model)
+    tokenizer = load_tokenizer(spec)
+    model = load_model(spec, device="cuda" if torch.cuda.is_available() else "cpu")
+    if ckpt is not None:
+        model.load_state_dict(load_checkpoint(ckpt)["model"])
+    model.eval()
+    result = evaluate(model, tokenizer, task, k=args.k, temperature=args.temperature,
+                      max_new_tokens=args.max_new_tokens, seed=args.seed, max_problems=args.max_problems)
+    result = {"task": args.task, "model": args.model, "checkpoint": str(ckpt) if ckpt else None, **result}
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value:.4f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Tasks: the bundled generator and the math loader on local files, with bad data failing at start."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from mmrl.tasks import TASKS, get_task
+
+
+def test_arithmetic_split_is_disjoint_and_deterministic():
+    a = get_task("arithmetic", max_operand=9, seed=1)
+    b = get_task("arithmetic", max_operand=9, seed=1)
+    assert [r["problem"] for r in a.train] == [r["problem"] for r in b.train]
+    train = {r["problem"] for r in a.train}
+    held = {r["problem"] for r in a.eval}
+    assert not train & held and len(train) + len(held) == 100 and len(held) == 20
+    row = a.train[0]
+    x, y = row["problem"].split("+")
+    assert int(row["answer"]) == int(x) + int(y)
+    perfect = a.reward([f"<answer>{r['answer']}</answer>" for r in a.train], a.train)
+    assert all(r.score == 1.0 for r in perfect)
+
+
+def test_arithmetic_options_are_checked():
+    with pytest.raises(ValueError, match="task.ops"):
+        get_task("arithmetic", ops="/")
+    with pytest.raises(ValueError, match="has no option 'digits'"):
+        get_task("arithmetic", digits=3)
+    with pytest.raises(ValueError, match="unknown task"):
+        get_task("arithmetics")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])
+def test_math_task_loads_local_files(tmp_path, suffix):
+    rows = [{"problem": f"What is {i} squared?", "answer": str(i * i)} for i in range(20)]
+    path = tmp_path / f"data{suffix}"
+    frame = pd.DataFrame(rows)
+    {".jsonl": lambda: frame.to_json(path, orient="records", lines=True), ".parquet": lambda: frame.to_parquet(path),
+     ".csv": lambda: frame.to_csv(path, index=False)}[suffix]()
+    task = get_task("math", path=str(path), eval_fraction=0.25)
+    assert len(task.train) == 15 and len(task.eval) == 5
+    assert task.train[0]["messages"][0]["role"] == "system" and "<think>" in task.train[0]["messages"][0]["content"]
+    good = "<think>it is easy</think><answer>" + task.train[0]["answer"] + "</answer>"
+    [r] = task.reward([good], [task.train[0]])
+    assert r.score == 1.5 and r.components == {"math_accuracy": 1.0, "think_answer_format": 1.0}
+
+
+def test_math_task_bad_data_fails_with_one_line_naming_the_field(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    with pytest.raises(ValueError, match=r"task.problem_key: .* has no column 'problem'"):
+        get_task("math", path=str(path))
+    assert get_task("math", path=str(path), problem_key="question", eval_fraction=0).train[0]["answer"] == "2"
+    path.write_text(json.dumps({"problem": "1+1", "answer": ""}) + "\n")
+    with pytest.raises(ValueError, match="row 0 has an empty 'answer'"):
+        get_task("math", path=str(path))
+    with pytest.raises(ValueError, match="no such file"):
+        get_task("math", path=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="needs a data file"):
+        get_task("math")
+
+
+def test_hub_ids_go_through_datasets(monkeypatch):
+    """A hub id is handed to `datasets.load_dataset`; offline, that fails as one clear line naming task.path."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="task.path: cannot load dataset 'someone/not-cached'"):
+        get_task("math", path="someone/not-cached")
+
+
+def test_registry():
+    assert {"arithmetic", "math"} <= set(TASKS)
