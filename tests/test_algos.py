@@ -146,7 +146,7 @@ def test_grpo_kl_term_is_k3_and_needs_a_reference():
     loss, metrics = algo.policy_loss(lp, lp.detach(), torch.zeros(1), torch.ones(1, 2), torch.tensor([0]), ref)
     k3 = (0.5 - math.log(0.5) - 1 + 0.0) / 2  # r = ref/π = 0.5 on token 0, 1 on token 1
     assert metrics["kl_ref"] == pytest.approx(k3, rel=1e-5)
-    assert float(loss) == pytest.approx(0.5 * k3, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(0.5 * k3, rel=1e-5)
 
 
 def test_dr_grpo_has_no_std_and_no_length_normalisation():
