@@ -160,3 +160,24 @@ def test_kill_and_resume_is_bit_identical(tmp_path, embedded_model_dir):
     rec_a = [_stable(json.loads(x)) for x in (straight / "metrics.jsonl").read_text().splitlines()]
     rec_b = [_stable(json.loads(x)) for x in metrics.read_text().splitlines()]
     assert rec_a == rec_b  # same metrics, no step lost or logged twice
+
+
+def test_reward_model_as_reward_source(tmp_path, embedded_model_dir):
+    """gvpo.md App. C: a learned reward model (here a tiny one built from config) adds to the task's reward."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from mmrl.models import load_tokenizer
+
+    tok = load_tokenizer("embedded:tiny-qwen2")
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=tok.pad_token_id)
+    Qwen2ForSequenceClassification(cfg).save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    trainer = build_trainer(small_config(tmp_path, **{"task.reward_model": str(tmp_path / "rm"),
+                                                      "run.steps": 1}))
+    assert "reward_model" in trainer.task.reward.name
+    groups, _ = trainer.collect_rollouts()
+    scores = {round(r.reward.components["reward_model"], 6) for g in groups for r in g.responses}
+    assert len(scores) > 1  # the reward model scores responses differently
+    trainer.run()

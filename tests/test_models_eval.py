@@ -1,0 +1,88 @@
+"""The embedded default (reproducible, offline), model specs, and evaluation (pass@k maths and the CLI)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmrl.models import load_model, load_tokenizer, resolve
+from mmrl.models.embedded import train_tokenizer
+from mmrl.trainer.evaluate import pass_at_k
+
+
+def test_tokenizer_is_deterministic_and_qwen_like():
+    a, b = train_tokenizer(), train_tokenizer()
+    text = "<|im_start|>user\nCompute 12+7.<|im_end|>"
+    assert a(text)["input_ids"] == b(text)["input_ids"]
+    assert a.decode(a(text)["input_ids"]) == text
+    assert [t for t in a.tokenize("1234")] == ["1", "2", "3", "4"]  # digits one per token, as Qwen2
+    for special in ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>"):
+        assert a.convert_tokens_to_ids(special) != a.unk_token_id
+
+
+def test_embedded_model_loads_and_generates_the_format(embedded_model_dir):
+    tok = load_tokenizer("embedded:tiny-qwen2")
+    model = load_model("embedded:tiny-qwen2")
+    assert sum(p.numel() for p in model.parameters()) < 500_000
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Compute 2+3. Answer in <answer></answer> tags."}],
+                                     tokenize=False, add_generation_prompt=True)
+    ids = tok(prompt, return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=12, do_sample=False, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert text.startswith("<answer>") and text.endswith("</answer>")
+
+
+def test_embedded_build_is_reproducible(tmp_path, embedded_model_dir):
+    from mmrl.models.embedded import build_embedded
+
+    again = build_embedded(tmp_path)
+    from safetensors.torch import load_file
+
+    a = load_file(embedded_model_dir / "model.safetensors")
+    b = load_file(again / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_model_spec_errors_are_one_line(tmp_path):
+    with pytest.raises(ValueError, match="no such directory"):
+        resolve("./does/not/exist")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="neither config.json nor a .gguf"):
+        resolve(str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="no such GGUF file"):
+        resolve(str(tmp_path / "model.gguf"))
+    with pytest.raises(ValueError, match="cannot load 'nobody/no-such-model'"):
+        load_model("nobody/no-such-model")  # HF_HUB_OFFLINE=1 in tests: a hub id needs a cache or network
+
+
+def test_pass_at_k_estimator():
+    assert pass_at_k(4, 0, 1) == 0 and pass_at_k(4, 4, 4) == 1
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 4) == 1.0
+    assert pass_at_k(10, 3, 2) == pytest.approx(1 - (7 * 6) / (10 * 9))
+
+
+def test_eval_cli_on_a_run_directory(tmp_path, embedded_model_dir):
+    run = tmp_path / "run"
+    train = [sys.executable, "-m", "mmrl.train", "--steps", "1", "--out", str(run), "--rollout.prompts_per_step", "2",
+             "--rollout.samples_per_prompt", "2", "--rollout.max_new_tokens", "12", "--run.progress", "false",
+             "--run.plot", "false"]
+    subprocess.run(train, check=True, capture_output=True, timeout=300)
+    out = tmp_path / "eval.json"
+    proc = subprocess.run([sys.executable, "-m", "mmrl.eval", "--model", str(run), "--k", "3",
+                           "--max-new-tokens", "12", "--max-problems", "5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["checkpoint"].endswith("state.pt") and result["problems"] == 5
+    for key in ("pass@1", "pass@3", "avg@3"):
+        assert 0.0 <= result[key] <= 1.0 and key in proc.stdout
+    assert result["pass@3"] >= result["pass@1"]
+    bad = subprocess.run([sys.executable, "-m", "mmrl.eval", "--task", "nope"], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown task 'nope'")
