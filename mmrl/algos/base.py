@@ -92,6 +92,14 @@ class Algorithm(abc.ABC):
                     mask: Tensor) -> dict[str, Any]:
         return {}
 
+    def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
+        """The denominator of :meth:`policy_loss`'s average on a (sub-)batch: responses by default.
+
+        Gradient accumulation weights each micro-batch's loss by ``mass(micro) / mass(mini-batch)``, which makes the
+        accumulated gradient exactly that of the whole mini-batch; a distributed backend does the same across ranks.
+        """
+        return float(mask.shape[0])
+
     @abc.abstractmethod
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     group_ids: Tensor, ref_logprobs: Tensor | None = None,

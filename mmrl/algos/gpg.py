@@ -85,6 +85,9 @@ class GPG(Algorithm):
             adv = adv * gpg_alpha(rewards, group_ids)[0]
         return adv.to(torch.float32)
 
+    def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
+        return float(mask.sum())  # token mean
+
     def batch_stats(self, rewards: Tensor, group_ids: Tensor, advantages: Tensor, old_logprobs: Tensor,
                     mask: Tensor) -> dict[str, Any]:
         alpha, valid = gpg_alpha(rewards, group_ids)

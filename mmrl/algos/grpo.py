@@ -90,6 +90,9 @@ class GRPO(Algorithm):
     def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
         return grpo_advantages(rewards, group_ids, self.scale_by_std, self.std_eps)
 
+    def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
+        return float(mask.sum()) if self.loss_agg == "token_mean" else float(mask.shape[0])
+
     def token_advantages(self, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor,
                          stats: dict[str, Any] | None) -> tuple[Tensor, Metrics]:
         """Per-token advantage; CW-GRPO overrides this to reweight tokens."""

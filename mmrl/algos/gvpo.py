@@ -71,6 +71,10 @@ class GVPO(Algorithm):
         mean, _, _ = group_mean_std(rewards, group_ids)
         return (rewards.to(torch.float64) - mean).to(torch.float32)
 
+    def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
+        _, counts = torch.unique(group_ids, return_counts=True)
+        return float((counts > 1).sum())  # mean over groups that have at least two responses
+
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     group_ids: Tensor, ref_logprobs: Tensor | None = None,
                     stats: dict[str, Any] | None = None) -> tuple[Tensor, Metrics]:

@@ -62,6 +62,7 @@ class OptimConfig:
     grad_clip: float = 1.0
     epochs: int = 1  # update epochs over each rollout batch (K)
     minibatches: int = 1  # optimizer steps per epoch; groups are never split across mini-batches
+    micro_batch_size: int = 0  # max responses per forward/backward (gradient accumulation); 0 = whole mini-batch
 
 
 @dataclasses.dataclass
@@ -211,6 +212,7 @@ def validate(cfg: TrainConfig) -> None:
         ("optim.epochs", cfg.optim.epochs >= 1, "must be >= 1"),
         ("optim.minibatches", 1 <= cfg.optim.minibatches <= cfg.rollout.prompts_per_step,
          "must be between 1 and rollout.prompts_per_step (groups are not split)"),
+        ("optim.micro_batch_size", cfg.optim.micro_batch_size >= 0, "must be >= 0"),
         ("run.steps", cfg.run.steps >= 1, "must be >= 1"),
         ("run.checkpoint_every", cfg.run.checkpoint_every >= 0, "must be >= 0"),
         ("run.keep_checkpoints", cfg.run.keep_checkpoints >= 1, "must be >= 1"),

@@ -171,38 +171,65 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- update
 
+    def micro_batches(self, batch: RolloutBatch, groups: torch.Tensor) -> list[torch.Tensor]:
+        """Rows of each micro-batch of a mini-batch: whole groups, at most ``micro_batch_size`` responses each
+        (a larger group is a micro-batch of its own)."""
+        limit = self.cfg.optim.micro_batch_size
+        rows_of = [(batch.group_ids == g).nonzero().squeeze(1) for g in groups.tolist()]
+        if not limit:
+            return [torch.cat(rows_of)]
+        out, current = [], []
+        for rows in rows_of:
+            if current and sum(len(r) for r in current) + len(rows) > limit:
+                out.append(torch.cat(current))
+                current = []
+            current.append(rows)
+        return out + [torch.cat(current)]
+
     def update(self, batch: RolloutBatch, stats: dict[str, Any]) -> dict[str, float]:
+        """K epochs over mini-batches of whole groups; one optimizer step per mini-batch, accumulated exactly over
+        micro-batches (each weighted by its share of the objective's ``loss_mass``)."""
         o = self.cfg.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
         order_rng = torch.Generator().manual_seed(self.cfg.run.seed * 1_000_003 + self.step)
         n_groups = int(batch.group_ids.max()) + 1
+        temperature = self.cfg.rollout.temperature or 1.0
         sums: Counter[str] = Counter()
         updates = skipped = 0
         for _ in range(o.epochs):
             for chunk in torch.randperm(n_groups, generator=order_rng).chunk(o.minibatches):
-                rows = torch.isin(batch.group_ids, chunk).nonzero().squeeze(1)
-                sub = batch.select(rows)
-                logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature or 1.0,
-                                                      with_entropy=True, rows=rows)
-                loss, metrics = self.algo.policy_loss(logprobs, sub.old_logprobs, sub.advantages, sub.response_mask,
-                                                      sub.group_ids, sub.ref_logprobs, stats)
-                if not torch.isfinite(loss):
-                    skipped += 1  # NaN/inf never reaches the optimizer
-                    continue
+                micro = self.micro_batches(batch, chunk)
+                masses = [self.algo.loss_mass(batch.response_mask[r], batch.group_ids[r]) for r in micro]
+                total = sum(masses) or 1.0
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
-                if not torch.isfinite(grad_norm):
+                step_metrics: Counter[str] = Counter()
+                finite = True
+                for rows, mass in zip(micro, masses, strict=True):
+                    sub = batch.select(rows)
+                    logprobs, entropy = response_logprobs(self.model, batch, temperature, with_entropy=True,
+                                                          rows=rows)
+                    loss, metrics = self.algo.policy_loss(logprobs, sub.old_logprobs, sub.advantages,
+                                                          sub.response_mask, sub.group_ids, sub.ref_logprobs, stats)
+                    if not torch.isfinite(loss):
+                        finite = False  # NaN/inf never reaches the optimizer
+                        break
+                    share = mass / total
+                    if share > 0:
+                        (loss * share).backward()
+                    mask = sub.response_mask
+                    token_entropy = float((entropy.cpu() * mask).sum() / mask.sum().clamp(min=1))
+                    step_metrics.update({k: v * share for k, v in metrics.items()})
+                    step_metrics.update({"loss": float(loss.detach()) * share, "entropy": token_entropy * share})
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip) if finite else torch.tensor(0.0)
+                if not finite or not torch.isfinite(grad_norm):
                     self.optimizer.zero_grad(set_to_none=True)
                     skipped += 1
                     continue
                 self.optimizer.step()
                 self.scheduler.step()
                 updates += 1
-                mask = sub.response_mask
-                sums.update(metrics)
-                sums.update({"loss": float(loss.detach()), "grad_norm": float(grad_norm),
-                             "entropy": float((entropy.cpu() * mask).sum() / mask.sum().clamp(min=1))})
+                sums.update(step_metrics)
+                sums.update({"grad_norm": float(grad_norm)})
         out = {k: v / max(updates, 1) for k, v in sums.items()}
         out.update(updates=float(updates), skipped_updates=float(skipped))
         return out
