@@ -59,6 +59,11 @@ class RolloutBatch:
         """Positions that skip the left padding, as HF ``generate`` uses them."""
         return (self.attention_mask.cumsum(-1) - 1).clamp(min=0)
 
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
+                                            for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """The sub-batch of ``rows`` (a mini-batch)."""
         pick = lambda t: None if t is None else t[rows]  # noqa: E731

@@ -71,3 +71,6 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint on disk stays valid
+        print("stopped; the last checkpoint written is intact (continue with --resume)", file=sys.stderr)
+        return 130

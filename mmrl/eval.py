@@ -21,8 +21,10 @@ def model_from_run(spec: str) -> tuple[str, Path | None]:
     from mmrl.trainer.checkpoint import latest_checkpoint
 
     path = Path(spec)
-    if (path / "config.json").exists() and (path / "checkpoints").exists():
+    if (path / "config.json").exists():
         ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise ValueError(f"model: run directory {spec!r} has no checkpoint yet")
         base = json.loads((path / "config.json").read_text())["model"]["name"]
         return base, ckpt
     return spec, None

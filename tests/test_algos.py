@@ -185,7 +185,7 @@ def test_gpg_loss_is_minus_logp_times_advantage_without_ratio():
                        valid_threshold=0.0)
     torch.testing.assert_close(adv, torch.tensor([0.5, -0.5]))  # F_norm = 1, α = 1 (no degenerate group)
     expected = -(0.5 * (-1.0 - 2.0) - 0.5 * (-0.5 - 0.5)) / 4
-    assert float(loss) == pytest.approx(expected)
+    assert float(loss.detach()) == pytest.approx(expected)
 
 
 def test_gpg_alpha_makes_degenerate_groups_free():
@@ -377,3 +377,15 @@ def test_cw_grpo_equals_grpo_when_covariance_vanishes():
     l_cw, _, _ = run("cw_grpo", r, g, lp, old, mask)
     l_grpo, _, _ = run("grpo", r, g, lp, old, mask)
     assert float(l_cw) == pytest.approx(float(l_grpo))
+
+
+def test_hyper_parameter_types_are_checked_with_one_line():
+    with pytest.raises(ValueError, match="grpo.clip_low must be float, got 'abc'"):
+        algos.get("grpo", clip_low="abc")
+    with pytest.raises(ValueError, match="gpg.max_resample must be int"):
+        algos.get("gpg", max_resample=2.5)
+    with pytest.raises(ValueError, match="gpg.adjust_alpha must be bool"):
+        algos.get("gpg", adjust_alpha="yes")
+    assert algos.get("grpo", clip_low=0).clip_low == 0.0 and algos.get("dr_grpo", max_tokens=None).max_tokens is None
+    with pytest.raises(ValueError, match="std_eps must be > 0"):
+        algos.get("gmpo", std_eps=-1.0)

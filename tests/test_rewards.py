@@ -132,3 +132,11 @@ def test_reward_model_scorer_on_a_tiny_local_model(tmp_path):
     again = RewardModelScorer(str(tmp_path), batch_size=3).scores(["a cat sat", "dog", "the cat sat on the mat"],
                                                                   samples)
     assert again == pytest.approx(raw, abs=1e-5)  # batch composition (padding) does not change a score
+
+
+def test_nested_weighted_rewards_keep_inner_components():
+    inner = weighted([(acc, 1.0), (fmt, 0.5)], "task")
+    outer = weighted([(inner, 1.0), (get_reward("answer_format"), 2.0)], "task+extra")
+    [r] = outer(["<think>x</think><answer>4</answer>"], [{"answer": "4"}])
+    assert r.components["math_accuracy"] == 1.0 and r.components["think_answer_format"] == 1.0
+    assert r.components["task"] == 1.5 and r.score == 3.5

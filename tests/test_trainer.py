@@ -207,3 +207,51 @@ def test_micro_batching_accumulates_the_exact_mini_batch_gradient(tmp_path, embe
     assert len(whole) == len(split) > 0
     for a, b in zip(whole, split, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_overwrite_starts_afresh_and_drops_the_old_checkpoints(tmp_path, embedded_model_dir):
+    old = build_trainer(small_config(tmp_path, **{"run.steps": 3, "run.checkpoint_every": 1}))
+    old.run()
+    fresh = build_trainer(small_config(tmp_path, **{"run.steps": 1, "run.overwrite": True}))
+    assert latest_checkpoint(fresh.run_dir) is None
+    fresh.run()
+    assert load_checkpoint(latest_checkpoint(fresh.run_dir))["step"] == 1
+    assert [json.loads(x)["step"] for x in (fresh.run_dir / "metrics.jsonl").read_text().splitlines()] == [0]
+
+
+def test_bf16_autocast_and_gradient_checkpointing_train(tmp_path, embedded_model_dir):
+    trainer = build_trainer(small_config(tmp_path, **{"model.dtype": "bfloat16", "model.gradient_checkpointing": True,
+                                                      "run.steps": 1}))
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # master weights stay float32
+    assert trainer.model.is_activation_checkpointing and trainer.model.training
+    last = trainer.run()
+    assert last["updates"] == 1 and last["skipped_updates"] == 0
+
+
+def test_sampler_ignores_logits_processors_shipped_in_generation_config(embedded_model_dir):
+    """A checkpoint's generation_config (top_k=1, repetition penalty) must not change what we sample."""
+    from mmrl.models import load_model, load_tokenizer
+    from mmrl.trainer.rollout import encode_prompt, generate
+
+    tok = load_tokenizer("embedded:tiny-qwen2")
+    model = load_model("embedded:tiny-qwen2")
+    model.generation_config.top_k = 1
+    model.generation_config.repetition_penalty = 10.0
+    prompt = encode_prompt(tok, [{"role": "user", "content": "Compute 4+4. Answer in <answer></answer> tags."}], 64)
+    torch.manual_seed(0)
+    texts = {r.text for r in generate(model, tok, [prompt] * 32, 12, temperature=1.0, top_p=1.0)}
+    assert len(texts) > 1  # top_k=1 would have made every sample identical
+
+
+def test_too_long_prompts_fail_at_start_naming_the_field(tmp_path, embedded_model_dir):
+    with pytest.raises(ValueError, match=r"rollout.max_prompt_tokens: a prompt has \d+ tokens.*\(train row 0\)"):
+        build_trainer(small_config(tmp_path, **{"rollout.max_prompt_tokens": 5}))
+
+
+def test_metrics_survive_a_half_written_line(tmp_path):
+    from mmrl.trainer.metrics import MetricsLog, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "reward": 1}\n{"step": 1, "rew')
+    MetricsLog(path, resume_step=1)
+    assert read_metrics(path) == [{"step": 0, "reward": 1}]

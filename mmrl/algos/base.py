@@ -44,11 +44,30 @@ def get(name: str, **params: Any) -> Algorithm:
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; choose one of: {', '.join(sorted(ALGORITHMS))}")
     cls = ALGORITHMS[name]
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key in params:
-        if key not in known:
-            raise ValueError(f"algorithm {name!r} has no hyper-parameter {key!r}; it has: {', '.join(sorted(known))}")
-    return cls(**params)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    checked = {}
+    for key, value in params.items():
+        if key not in fields:
+            raise ValueError(f"algorithm {name!r} has no hyper-parameter {key!r}; it has: {', '.join(sorted(fields))}")
+        checked[key] = _typed(f"{name}.{key}", value, fields[key].default)
+    return cls(**checked)
+
+
+def _typed(where: str, value: Any, default: Any) -> Any:
+    """``value`` checked against the type of the field's default (None defaults take an int or None)."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif isinstance(default, int) or default is None:
+        ok = (isinstance(value, int) and not isinstance(value, bool)) or (default is None and value is None)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        kind = "an integer or null" if default is None else type(default).__name__
+        raise ValueError(f"algorithm hyper-parameter {where} must be {kind}, got {value!r}")
+    return value
 
 
 def hyperparameters(name: str) -> dict[str, Any]:

@@ -52,6 +52,8 @@ class GMPO(Algorithm):
             raise ValueError(f"clip_mode must be 'token', 'sequence' or 'none', got {self.clip_mode!r}")
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low}, {self.clip_high}")
+        if self.std_eps <= 0:
+            raise ValueError(f"std_eps must be > 0, got {self.std_eps}")
 
     def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
         return grpo_advantages(rewards, group_ids, self.scale_by_std, self.std_eps)

@@ -73,6 +73,8 @@ class GPG(Algorithm):
             raise ValueError(f"valid_threshold must be in [0, 1], got {self.valid_threshold}")
         if self.max_resample < 0:
             raise ValueError(f"max_resample must be >= 0, got {self.max_resample}")
+        if self.std_eps <= 0:
+            raise ValueError(f"std_eps must be > 0, got {self.std_eps}")
 
     def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
         check_batch(rewards, group_ids)

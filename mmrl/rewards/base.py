@@ -114,7 +114,10 @@ def weighted(parts: Sequence[tuple[Reward, float]], name: str | None = None) -> 
             results = [p[i] for p in per_part]
             score = sum(w * res.score for (_, w), res in zip(parts, results, strict=True))
             reasons = [res.reason for res in results if res.reason]
-            components = {r.name: res.score for (r, _), res in zip(parts, results, strict=True)}
+            components: dict[str, float] = {}
+            for (r, _), res in zip(parts, results, strict=True):  # keep nested parts' components (accuracy, ...)
+                components.update(res.components)
+                components[r.name] = res.score
             out.append(RewardResult(score, "; ".join(reasons) or None, components))
         return out
 

@@ -8,6 +8,7 @@ Reward = math-verify accuracy + ``format_weight`` × the think/answer format.
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +72,19 @@ def to_samples(rows: list[dict[str, Any]], problem_key: str, answer_key: str, wh
 @register_task("math")
 def math_task(path: str = "", eval_path: str = "", problem_key: str = "problem", answer_key: str = "answer",
               eval_fraction: float = 0.1, format_weight: float = 0.5, system_prompt: str = R1_SYSTEM_PROMPT,
-              max_samples: int = 0) -> Task:
+              max_samples: int = 0, seed: int = 0) -> Task:
     if not path:
         raise ValueError("task.path: the math task needs a data file (jsonl/parquet/csv) or a hub dataset id")
+    if not 0 <= eval_fraction < 1:
+        raise ValueError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
     rows = load_rows(path, "train")
     if max_samples:
         rows = rows[:max_samples]
     train = to_samples(rows, problem_key, answer_key, path, system_prompt or None)
     if eval_path:
         evals = to_samples(load_rows(eval_path, "test"), problem_key, answer_key, eval_path, system_prompt or None)
-    else:
+    else:  # hold out a seeded random eval_fraction (files are often sorted by source or difficulty)
+        random.Random(seed).shuffle(train)
         n_eval = int(len(train) * eval_fraction)
         train, evals = train[n_eval:], train[:n_eval]
     parts = [(get_reward("math_accuracy"), 1.0)]

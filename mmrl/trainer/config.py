@@ -21,7 +21,7 @@ from mmrl.models.embedded import EMBEDDED_NAME
 @dataclasses.dataclass
 class ModelConfig:
     name: str = EMBEDDED_NAME  # embedded:tiny-qwen2, a local dir, a hub id, or a .gguf file
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    dtype: str = "float32"  # compute dtype: float32 | bfloat16 (autocast; weights and AdamW state stay float32)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch CPU threads; 0 keeps torch's default
     gradient_checkpointing: bool = False
@@ -197,10 +197,11 @@ def validate(cfg: TrainConfig) -> None:
     """Range checks that need no model; the algorithm and task check their own parameters when built."""
     checks = [
         ("rollout.prompts_per_step", cfg.rollout.prompts_per_step >= 1, "must be >= 1"),
-        ("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt >= 1, "must be >= 1"),
+        ("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt >= 2,
+         "must be >= 2 (group-relative advantages of a group of one are 0)"),
         ("rollout.max_new_tokens", cfg.rollout.max_new_tokens >= 1, "must be >= 1"),
         ("rollout.max_prompt_tokens", cfg.rollout.max_prompt_tokens >= 1, "must be >= 1"),
-        ("rollout.temperature", cfg.rollout.temperature >= 0, "must be >= 0"),
+        ("rollout.temperature", cfg.rollout.temperature > 0, "must be > 0 (greedy groups have no variance)"),
         ("rollout.top_p", 0 < cfg.rollout.top_p <= 1, "must be in (0, 1]"),
         ("rollout.generation_batch_size", cfg.rollout.generation_batch_size >= 1, "must be >= 1"),
         ("rollout.replay_historical", 0 <= cfg.rollout.replay_historical < cfg.rollout.samples_per_prompt,
@@ -218,7 +219,7 @@ def validate(cfg: TrainConfig) -> None:
         ("run.keep_checkpoints", cfg.run.keep_checkpoints >= 1, "must be >= 1"),
         ("run.eval_every", cfg.run.eval_every >= 0, "must be >= 0"),
         ("run.eval_samples", cfg.run.eval_samples >= 1, "must be >= 1"),
-        ("model.dtype", cfg.model.dtype in ("float32", "bfloat16", "float16"), "must be float32, bfloat16 or float16"),
+        ("model.dtype", cfg.model.dtype in ("float32", "bfloat16"), "must be float32 or bfloat16"),
         ("model.threads", cfg.model.threads >= 0, "must be >= 0"),
     ]
     for name, ok, why in checks:

@@ -37,7 +37,8 @@ def evaluate(model, tokenizer, task: Task, k: int = 4, temperature: float = 1.0,
     n = 1 if temperature == 0 else k
     groups = [Group(i, row, encode_prompt(tokenizer, row["messages"], max_prompt_tokens), []) for i, row in
               enumerate(rows)]
-    with torch.random.fork_rng(devices=[]):
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         responses = generate(model, tokenizer, [g.prompt_ids for g in groups for _ in range(n)], max_new_tokens,
                              temperature, 1.0, batch_size)

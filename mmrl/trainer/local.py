@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import random
+import shutil
 import signal
 import sys
 import time
@@ -106,9 +107,16 @@ class Trainer:
     sampler: PromptSampler
     history: ReplayHistory
     run_dir: Path
+    device: torch.device = torch.device("cpu")
+    compute_dtype: torch.dtype = torch.float32
     step: int = 0
     stop_signal: int | None = None  # set by SIGINT/SIGTERM: finish the step, checkpoint, stop
     prompt_cache: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+
+    def autocast(self):
+        """Mixed precision: weights and optimizer state stay float32, forward passes run in ``model.dtype``."""
+        return torch.autocast(self.device.type, dtype=self.compute_dtype,
+                              enabled=self.compute_dtype != torch.float32)
 
     # ------------------------------------------------------------------------------------------- rollouts
 
@@ -127,8 +135,9 @@ class Trainer:
             groups.append(Group(index, self.task.train[index], self.prompt_ids(index), old))
         todo = [(g, r.samples_per_prompt - len(g.responses)) for g in groups]
         prompts = [g.prompt_ids for g, n in todo for _ in range(n)]
-        fresh = generate(self.model, self.tokenizer, prompts, r.max_new_tokens, r.temperature, r.top_p,
-                         r.generation_batch_size)
+        with self.autocast():
+            fresh = generate(self.model, self.tokenizer, prompts, r.max_new_tokens, r.temperature, r.top_p,
+                             r.generation_batch_size)
         at = 0
         for g, n in todo:
             g.responses = fresh[at : at + n] + g.responses
@@ -160,10 +169,12 @@ class Trainer:
 
     def prepare_batch(self, groups: list[Group]) -> tuple[RolloutBatch, dict[str, Any]]:
         batch = collate(groups, self.tokenizer.pad_token_id)
-        temperature = self.cfg.rollout.temperature or 1.0
-        batch.old_logprobs = batch_logprobs(self.model, batch, temperature)
-        if self.ref_model is not None:
-            batch.ref_logprobs = batch_logprobs(self.ref_model, batch, temperature)
+        temperature = self.cfg.rollout.temperature
+        micro = self.cfg.optim.micro_batch_size or 64
+        with self.autocast():
+            batch.old_logprobs = batch_logprobs(self.model, batch, temperature, micro)
+            if self.ref_model is not None:
+                batch.ref_logprobs = batch_logprobs(self.ref_model, batch, temperature, micro)
         batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
         stats = self.algo.batch_stats(batch.rewards, batch.group_ids, batch.advantages, batch.old_logprobs,
                                       batch.response_mask)
@@ -193,7 +204,7 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         order_rng = torch.Generator().manual_seed(self.cfg.run.seed * 1_000_003 + self.step)
         n_groups = int(batch.group_ids.max()) + 1
-        temperature = self.cfg.rollout.temperature or 1.0
+        temperature = self.cfg.rollout.temperature
         sums: Counter[str] = Counter()
         updates = skipped = 0
         for _ in range(o.epochs):
@@ -205,9 +216,10 @@ class Trainer:
                 step_metrics: Counter[str] = Counter()
                 finite = True
                 for rows, mass in zip(micro, masses, strict=True):
-                    sub = batch.select(rows)
-                    logprobs, entropy = response_logprobs(self.model, batch, temperature, with_entropy=True,
-                                                          rows=rows)
+                    sub = batch.select(rows).to(self.device)
+                    with self.autocast():
+                        logprobs, entropy = response_logprobs(self.model, batch, temperature, with_entropy=True,
+                                                              rows=rows)
                     loss, metrics = self.algo.policy_loss(logprobs, sub.old_logprobs, sub.advantages,
                                                           sub.response_mask, sub.group_ids, sub.ref_logprobs, stats)
                     if not torch.isfinite(loss):
@@ -217,7 +229,7 @@ class Trainer:
                     if share > 0:
                         (loss * share).backward()
                     mask = sub.response_mask
-                    token_entropy = float((entropy.cpu() * mask).sum() / mask.sum().clamp(min=1))
+                    token_entropy = float((entropy * mask).sum() / mask.sum().clamp(min=1))
                     step_metrics.update({k: v * share for k, v in metrics.items()})
                     step_metrics.update({"loss": float(loss.detach()) * share, "entropy": token_entropy * share})
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip) if finite else torch.tensor(0.0)
@@ -286,10 +298,11 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any]:
         r = self.cfg.run
-        result = evaluate(self.model, self.tokenizer, self.task, k=r.eval_samples, temperature=r.eval_temperature,
-                          max_new_tokens=self.cfg.rollout.max_new_tokens,
-                          max_prompt_tokens=self.cfg.rollout.max_prompt_tokens, seed=r.seed,
-                          batch_size=self.cfg.rollout.generation_batch_size)
+        with self.autocast():
+            result = evaluate(self.model, self.tokenizer, self.task, k=r.eval_samples, temperature=r.eval_temperature,
+                              max_new_tokens=self.cfg.rollout.max_new_tokens,
+                              max_prompt_tokens=self.cfg.rollout.max_prompt_tokens, seed=r.seed,
+                              batch_size=self.cfg.rollout.generation_batch_size)
         return {f"eval/{k}": v for k, v in result.items()}
 
     def run(self) -> dict[str, Any]:
@@ -333,6 +346,29 @@ class Trainer:
 # ----------------------------------------------------------------------------------------------- building
 
 
+def disable_dropout(model: torch.nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def encode_all_prompts(task: Task, tokenizer, limit: int, max_checked: int = 50_000) -> dict[int, list[int]]:
+    """Token ids of the training prompts (the prompt cache), failing at start, naming the row, if a prompt of either
+    split is longer than ``rollout.max_prompt_tokens``. Splits beyond ``max_checked`` rows are encoded lazily."""
+    cache = {}
+    for split, rows in (("train", task.train), ("eval", task.eval)):
+        for i, row in enumerate(rows[:max_checked]):
+            try:
+                ids = encode_prompt(tokenizer, row["messages"], limit)
+            except ValueError as exc:
+                raise ValueError(f"{exc} ({split} row {i}); raise it or filter the data") from exc
+            if split == "train":
+                cache[i] = ids
+    return cache
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -366,6 +402,9 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if algo.on_policy_only and cfg.optim.epochs * cfg.optim.minibatches > 1:
         log.warning("%s has no importance ratio: with %d updates per rollout it is off-policy after the first",
                     algo.name, cfg.optim.epochs * cfg.optim.minibatches)
+    if cfg.rollout.top_p < 1:
+        log.warning("rollout.top_p < 1: responses are sampled from a truncated distribution but scored under the "
+                    "full one; ratio-free objectives (gpg, gvpo) get a biased gradient")
     run_dir = cfg.out_dir
     existing = latest_checkpoint(run_dir)
     if cfg.run.resume and existing is None:
@@ -380,15 +419,16 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     device = pick_device(cfg.model.device)
-    dtype = getattr(torch, cfg.model.dtype)
     tokenizer = load_tokenizer(cfg.model.name)
-    model = load_model(cfg.model.name, dtype=dtype, device=device)
-    model.eval()  # no dropout in RL: π_old and π_θ must be the same function at the first update
+    prompt_cache = encode_all_prompts(task, tokenizer, cfg.rollout.max_prompt_tokens)
+    model = load_model(cfg.model.name, dtype=torch.float32, device=device)  # float32 master weights
+    disable_dropout(model)  # π_old and π_θ must be the same function at the first update
+    model.train()  # train mode only for gradient checkpointing; dropout is off
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     ref_model = None
     if algo.uses_reference():
-        ref_model = copy.deepcopy(model).requires_grad_(False)
+        ref_model = copy.deepcopy(model).requires_grad_(False).eval()
     o = cfg.optim
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas,
                                   weight_decay=o.weight_decay)
@@ -397,7 +437,9 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     trainer = Trainer(cfg, algo, task, tokenizer, model, ref_model, optimizer, scheduler,
                       PromptSampler(len(task.train), cfg.run.seed),
                       ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
-                      run_dir)
+                      run_dir, device, getattr(torch, cfg.model.dtype), prompt_cache=prompt_cache)
+    if cfg.run.overwrite and not cfg.run.resume and (run_dir / "checkpoints").exists():
+        shutil.rmtree(run_dir / "checkpoints")  # a fresh run must never resume or prune into the old one's
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.run.resume:
         trainer.restore(existing)

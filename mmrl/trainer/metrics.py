@@ -14,8 +14,7 @@ class MetricsLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and path.exists():
             # Steps logged after the checkpoint we resume from are re-run; drop them so nothing is duplicated.
-            kept = [line for line in path.read_text().splitlines() if line.strip()
-                    and json.loads(line).get("step", -1) < resume_step]
+            kept = [line for line, record in _parse(path) if record.get("step", -1) < resume_step]
             path.write_text("".join(line + "\n" for line in kept))
         elif resume_step is None:
             path.write_text("")
@@ -26,8 +25,19 @@ class MetricsLog:
             f.write(json.dumps(clean) + "\n")
 
 
+def _parse(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) pairs; a line cut short by a kill mid-write is skipped, not fatal."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append((line, json.loads(line)))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [record for _, record in _parse(path)]
 
 
 PANELS = [

@@ -1,7 +1,9 @@
 """Generation, re-scoring and reward for the local trainer.
 
 All log-probabilities are of the *tempered* policy (logits / temperature), the distribution responses were sampled
-from, as verl does; ``temperature=1`` gives the raw policy.
+from, as verl does; ``temperature=1`` gives the raw policy. Sampling overrides every logits processor a checkpoint's
+``generation_config`` may ship (repetition penalty, top-k, min-p, ...), so that the sampler is exactly the policy
+being scored; only ``top_p < 1`` (explicitly asked for) makes them differ.
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ def encode_prompt(tokenizer, messages: list[dict], max_prompt_tokens: int) -> li
         text = "\n".join(m["content"] for m in messages) + "\n"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) > max_prompt_tokens:
-        ids = ids[-max_prompt_tokens:]  # keep the end: the question and the generation prompt
+        raise ValueError(f"rollout.max_prompt_tokens: a prompt has {len(ids)} tokens, more than {max_prompt_tokens}")
     return ids
+
+
+# Neutral values for every logits processor a checkpoint's generation_config could switch on.
+NEUTRAL_SAMPLING = {"top_k": 0, "min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+                    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+                    "min_length": 0, "min_new_tokens": None, "bad_words_ids": None, "suppress_tokens": None,
+                    "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None}
 
 
 def eos_ids(tokenizer, model) -> list[int]:
@@ -50,10 +59,10 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int
         for i, p in enumerate(chunk):
             ids[i, width - len(p) :] = torch.tensor(p)
             attn[i, width - len(p) :] = 1
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 \
-            else {"do_sample": False}
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 \
+            else {"do_sample": False, "temperature": None, "top_p": None}
         seqs = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=max_new_tokens,
-                              pad_token_id=pad, eos_token_id=stop, use_cache=True, **sampling)
+                              pad_token_id=pad, eos_token_id=stop, use_cache=True, **NEUTRAL_SAMPLING, **sampling)
         for row in seqs[:, width:].tolist():
             tokens, truncated = [], True
             for t in row:
@@ -81,31 +90,43 @@ def score_groups(groups: list[Group], reward: Reward) -> None:
 
 def response_logprobs(model, batch: RolloutBatch, temperature: float, with_entropy: bool = False,
                       rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[N, T]`` of the response tokens under ``model`` (and the token entropy, detached, if asked)."""
+    """Log-probs ``[n, T]`` of the response tokens of ``rows`` under ``model`` (and token entropy, detached).
+
+    Only the last T+1 positions' logits are computed (``logits_to_keep``): prompts cost no vocabulary projection.
+    Padding positions get exactly 0.
+    """
     device = next(model.parameters()).device
     sub = batch if rows is None else batch.select(rows)
-    logits = model(input_ids=sub.input_ids.to(device), attention_mask=sub.attention_mask.to(device),
-                   position_ids=sub.position_ids.to(device), use_cache=False).logits
-    p = sub.prompt_width
-    logits = logits[:, p - 1 : -1].float()
+    t = sub.response_mask.shape[1]
+    inputs = {"input_ids": sub.input_ids.to(device), "attention_mask": sub.attention_mask.to(device),
+              "position_ids": sub.position_ids.to(device), "use_cache": False}
+    try:
+        logits = model(**inputs, logits_to_keep=t + 1).logits
+    except TypeError:  # a model class without logits_to_keep
+        logits = model(**inputs).logits
+    logits = logits[:, -(t + 1) : -1].float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    targets = sub.input_ids[:, p:].to(device)
-    logprobs = logp_all.gather(-1, targets[..., None]).squeeze(-1)
-    logprobs = torch.where(sub.response_mask.to(device) > 0, logprobs, torch.zeros_like(logprobs))  # pads: exact 0
+    targets = sub.input_ids[:, -t:].to(device)
+    log_norm = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - log_norm
+    mask = sub.response_mask.to(device) > 0
+    logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            probs = torch.softmax(logits, dim=-1)
+            entropy = log_norm - (probs * logits).sum(-1)
     return logprobs, entropy
 
 
 @torch.no_grad()
 def batch_logprobs(model, batch: RolloutBatch, temperature: float, micro_batch: int = 64) -> torch.Tensor:
+    """Log-probs of every response in ``batch`` (on the CPU), ``micro_batch`` rows per forward."""
     was_training = model.training
     model.eval()
-    parts = [response_logprobs(model, batch, temperature, rows=torch.arange(i, min(i + micro_batch, batch.size)))[0]
-             for i in range(0, batch.size, micro_batch)]
+    step = micro_batch or batch.size
+    parts = [response_logprobs(model, batch, temperature, rows=torch.arange(i, min(i + step, batch.size)))[0].cpu()
+             for i in range(0, batch.size, step)]
     model.train(was_training)
-    return torch.cat(parts).cpu() * batch.response_mask
+    return torch.cat(parts)
