@@ -40,9 +40,8 @@ def arithmetic_task(max_operand: int = 9, ops: str = "+", eval_fraction: float =
     n_eval = int(round(len(problems) * eval_fraction))
     rows = [{"messages": [{"role": "user", "content": arithmetic_prompt(a, op, b)}], "answer": str(c),
              "problem": f"{a}{op}{b}"} for a, op, b, c in problems]
-    parts = [(get_reward("math_accuracy"), 1.0)]
-    if format_weight:
-        parts.append((get_reward("answer_format"), format_weight))
+    # The format part is always computed (weight 0 by default) so that the format rate is a metric.
+    parts = [(get_reward("math_accuracy"), 1.0), (get_reward("answer_format"), format_weight)]
     return Task("arithmetic", train=rows[n_eval:], eval=rows[:n_eval], reward=weighted(parts, "arithmetic"),
-                accuracy_key="math_accuracy", format_key="answer_format" if format_weight else None,
+                accuracy_key="math_accuracy", format_key="answer_format",
                 description=f"{len(problems)} problems a{ops}b, operands 0..{max_operand}; {n_eval} held out")

@@ -87,9 +87,7 @@ def math_task(path: str = "", eval_path: str = "", problem_key: str = "problem",
         random.Random(seed).shuffle(train)
         n_eval = int(len(train) * eval_fraction)
         train, evals = train[n_eval:], train[:n_eval]
-    parts = [(get_reward("math_accuracy"), 1.0)]
-    if format_weight:
-        parts.append((get_reward("think_answer_format"), format_weight))
+    parts = [(get_reward("math_accuracy"), 1.0), (get_reward("think_answer_format"), format_weight)]
     return Task("math", train=train, eval=evals, reward=weighted(parts, "math"), accuracy_key="math_accuracy",
-                format_key="think_answer_format" if format_weight else None,
+                format_key="think_answer_format",
                 description=f"{len(train)} train / {len(evals)} eval problems from {path}")
