@@ -32,6 +32,8 @@ def run_one(name: str, seed: int, steps: int, out_root: Path) -> dict:
     start = time.perf_counter()
     trainer = build_trainer(cfg)
     last = trainer.run()
+    if trainer.stop_signal is not None:  # the trainer finished its step on SIGINT/SIGTERM; stop the sweep too
+        raise SystemExit(128 + trainer.stop_signal)
     wall = time.perf_counter() - start
     records = read_metrics(trainer.run_dir / "metrics.jsonl")
     rewards = [r["reward"] for r in records]

@@ -49,6 +49,7 @@ class RolloutBatch:
     old_logprobs: torch.Tensor | None = None  # [N, T]
     ref_logprobs: torch.Tensor | None = None  # [N, T]
     advantages: torch.Tensor | None = None  # [N]
+    routing: list[torch.Tensor] | None = None  # MoE: experts chosen at rollout, [N, P + T, k] per router layer
 
     @property
     def size(self) -> int:
@@ -60,6 +61,7 @@ class RolloutBatch:
         return (self.attention_mask.cumsum(-1) - 1).clamp(min=0)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
+        """Tensors moved to ``device`` (MoE routing stays where it is: the router hooks move it)."""
         return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
                                             for f in dataclasses.fields(self)
                                             if isinstance(getattr(self, f.name), torch.Tensor)})
@@ -69,7 +71,8 @@ class RolloutBatch:
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         return RolloutBatch(self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows],
                             self.prompt_width, self.rewards[rows], self.group_ids[rows], pick(self.old_logprobs),
-                            pick(self.ref_logprobs), pick(self.advantages))
+                            pick(self.ref_logprobs), pick(self.advantages),
+                            None if self.routing is None else [r[rows] for r in self.routing])
 
 
 def collate(groups: list[Group], pad_id: int) -> RolloutBatch:

@@ -27,8 +27,9 @@ def parse_config(argv: list[str] | None) -> TrainConfig:
     parser.add_argument("--resume", dest="run.resume", action="store_const", const=True, default=argparse.SUPPRESS,
                         help="continue the run in --out from its last checkpoint")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    for section, skip in (("model", {"name"}), ("task", {"name", "options"}), ("algo", {"name", "params"}),
-                          ("rollout", set()), ("optim", set()), ("run", set())):
+    sections = (("model", {"name"}), ("moe", set()), ("task", {"name", "options"}), ("algo", {"name", "params"}),
+                ("rollout", set()), ("optim", set()), ("run", set()))
+    for section, skip in sections:
         add_dataclass_flags(parser, section, getattr(defaults, section), skip)
     args, extra = parser.parse_known_args(argv)
     cfg = TrainConfig()

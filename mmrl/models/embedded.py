@@ -1,6 +1,8 @@
-"""The embedded default model: a tiny Qwen2 and a byte-level BPE tokenizer, built locally, no download.
+"""The embedded default models: tiny Qwen2 / Qwen3-MoE with a byte-level BPE tokenizer, built locally, no download.
 
-``build_embedded(cache_dir)`` is deterministic: the same recipe gives the same files on every machine.
+``build_embedded(cache_dir, name)`` is deterministic: the same recipe gives the same files on every machine.
+
+``embedded:tiny-qwen2`` (the default):
 
 1. A byte-level BPE tokenizer (Qwen-style: digits split one per token, ChatML special tokens) is trained by
    ``tokenizers`` on text generated from the bundled task templates (~0.5 s).
@@ -11,7 +13,11 @@
    rewards works in on real LLMs (it sharpens what the base model can sometimes do), so a few CPU minutes of RL show
    the objectives doing their job rather than a blind search from chance.
 
-The result is cached under ``$MMRL_CACHE`` (default ``~/.cache/mmrl``) keyed by ``RECIPE_VERSION``.
+``embedded:tiny-qwen3-moe``: the same recipe with a Qwen3-MoE (8 experts, 2 active per token, ~0.4 M parameters)
+pre-trained on the bundled CountDown task (two numbers, + - *) with the load-balancing loss on, as MoE pre-training
+does; its tokenizer also sees CountDown prompts.
+
+Results are cached under ``$MMRL_CACHE`` (default ``~/.cache/mmrl``) keyed by each recipe's version.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import torch
 
 RECIPE_VERSION = "tiny-qwen2-v3"
 EMBEDDED_NAME = "embedded:tiny-qwen2"
+MOE_RECIPE_VERSION = "tiny-qwen3-moe-v1"
+EMBEDDED_MOE_NAME = "embedded:tiny-qwen3-moe"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
 CHAT_TEMPLATE = (
@@ -38,8 +46,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("MMRL_CACHE", Path.home() / ".cache" / "mmrl"))
 
 
-def _corpus(rng: random.Random) -> list[str]:
+def _corpus(rng: random.Random, countdown: bool = False) -> list[str]:
     from mmrl.tasks.arithmetic import arithmetic_prompt
+    from mmrl.tasks.countdown import countdown_prompt
     from mmrl.tasks.math import R1_SYSTEM_PROMPT
 
     lines = [R1_SYSTEM_PROMPT, "<think> </think> <answer> </answer>"] + ["user", "assistant", "system"] * 50
@@ -49,10 +58,15 @@ def _corpus(rng: random.Random) -> list[str]:
         lines.append(arithmetic_prompt(a, op, b))
         lines.append(f"<answer>{rng.randrange(200)}</answer>")
         lines.append(f"<think>{a}{op}{b}</think><answer>{rng.randrange(200)}</answer>")
+    if countdown:
+        for _ in range(4000):
+            a, b = rng.randrange(1, 10), rng.randrange(1, 10)
+            lines.append(countdown_prompt([a, b], rng.randrange(100)))
+            lines.append(f"<answer>{a}{rng.choice('+-*')}{b}</answer>")
     return lines
 
 
-def train_tokenizer(vocab_size: int = 384, seed: int = 0):
+def train_tokenizer(vocab_size: int = 384, seed: int = 0, countdown: bool = False):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -65,7 +79,7 @@ def train_tokenizer(vocab_size: int = 384, seed: int = 0):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_corpus(random.Random(seed)), trainer=trainer)
+    tok.train_from_iterator(_corpus(random.Random(seed), countdown), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    additional_special_tokens=SPECIAL_TOKENS[1:])
     fast.chat_template = CHAT_TEMPLATE
@@ -85,10 +99,45 @@ def tiny_qwen2(tokenizer, hidden: int = 64, layers: int = 2, seed: int = 0):
     return Qwen2ForCausalLM(config)
 
 
-def pretrain(model, tokenizer, steps: int = 200, batch_size: int = 64, lr: float = 3e-3, seed: int = 0) -> float:
-    """Supervised pre-training on single-digit sums; returns the final loss. Loss only on the answer tokens."""
+def tiny_qwen3_moe(tokenizer, hidden: int = 64, layers: int = 2, experts: int = 8, active: int = 2, seed: int = 0):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+                            moe_intermediate_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=hidden // 4, num_experts=experts,
+                            num_experts_per_tok=active, decoder_sparse_step=1, norm_topk_prob=True,
+                            router_aux_loss_coef=0.01, output_router_logits=False, max_position_embeddings=512,
+                            tie_word_embeddings=True, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(config)
+
+
+def arithmetic_example(rng: random.Random) -> tuple[str, str]:
     from mmrl.tasks.arithmetic import arithmetic_prompt
 
+    a, b = rng.randrange(10), rng.randrange(10)
+    return arithmetic_prompt(a, "+", b), f"{a + b}"
+
+
+def countdown_example(rng: random.Random, _problems: list = []) -> tuple[str, str]:  # noqa: B006 -- memo
+    from mmrl.tasks.countdown import countdown_problems, countdown_prompt
+
+    if not _problems:
+        _problems.extend(countdown_problems(9, 2))
+    numbers, target, solution = rng.choice(_problems)
+    return countdown_prompt(numbers, target), solution
+
+
+def pretrain(model, tokenizer, steps: int = 200, batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
+             example=arithmetic_example) -> float:
+    """Supervised pre-training on ``example(rng) -> (question, answer)``; returns the final loss.
+
+    Loss only on the answer tokens; an MoE adds its router load-balancing loss (``output_router_logits``).
+    """
+    from mmrl.moe import is_moe
+
+    moe = {"output_router_logits": True} if is_moe(model) else {}
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
@@ -96,10 +145,10 @@ def pretrain(model, tokenizer, steps: int = 200, batch_size: int = 64, lr: float
     for _ in range(steps):
         ids, labels = [], []
         for _ in range(batch_size):
-            a, b = rng.randrange(10), rng.randrange(10)
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": arithmetic_prompt(a, "+", b)}],
+            question, solution = example(rng)
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
                                                    tokenize=False, add_generation_prompt=True)
-            answer = f"<answer>{a + b}</answer><|im_end|>"
+            answer = f"<answer>{solution}</answer><|im_end|>"
             p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
             c = tokenizer(answer, add_special_tokens=False)["input_ids"]
             ids.append(p + c)
@@ -109,7 +158,7 @@ def pretrain(model, tokenizer, steps: int = 200, batch_size: int = 64, lr: float
         input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
         label_ids = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
         attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=label_ids).loss
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=label_ids, **moe).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -118,9 +167,30 @@ def pretrain(model, tokenizer, steps: int = 200, batch_size: int = 64, lr: float
     return loss_value
 
 
-def build_embedded(cache_dir: Path | None = None, force: bool = False) -> Path:
-    """Path of the embedded default model directory, building it on first use (~10 s on 2 cores)."""
-    target = (cache_dir or cache_root()) / "models" / RECIPE_VERSION
+def _build_dense():
+    tokenizer = train_tokenizer()
+    model = tiny_qwen2(tokenizer)
+    pretrain(model, tokenizer)
+    return model, tokenizer
+
+
+def _build_moe():
+    tokenizer = train_tokenizer(countdown=True)
+    model = tiny_qwen3_moe(tokenizer)
+    pretrain(model, tokenizer, steps=MOE_PRETRAIN_STEPS, example=countdown_example)
+    return model, tokenizer
+
+
+MOE_PRETRAIN_STEPS = 150
+RECIPES = {EMBEDDED_NAME: (RECIPE_VERSION, _build_dense), EMBEDDED_MOE_NAME: (MOE_RECIPE_VERSION, _build_moe)}
+
+
+def build_embedded(cache_dir: Path | None = None, force: bool = False, name: str = EMBEDDED_NAME) -> Path:
+    """Path of an embedded model's directory, building it on first use (~10-20 s on 2 cores)."""
+    if name not in RECIPES:
+        raise ValueError(f"model: unknown embedded model {name!r}; choose one of: {', '.join(RECIPES)}")
+    version, build = RECIPES[name]
+    target = (cache_dir or cache_root()) / "models" / version
     if (target / "config.json").exists() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -128,9 +198,7 @@ def build_embedded(cache_dir: Path | None = None, force: bool = False) -> Path:
     torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
     try:
         with torch.random.fork_rng():
-            tokenizer = train_tokenizer()
-            model = tiny_qwen2(tokenizer)
-            pretrain(model, tokenizer)
+            model, tokenizer = build()
     finally:
         torch.set_num_threads(previous_threads)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))

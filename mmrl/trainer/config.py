@@ -28,6 +28,16 @@ class ModelConfig:
 
 
 @dataclasses.dataclass
+class MoEConfig:
+    """Router controls for Mixture-of-Experts models (an error on a dense model)."""
+
+    aux_loss_coef: float = 0.0  # load-balancing loss weight; 0 in RL: it fights the policy objective (see docs)
+    z_loss_coef: float = 0.0  # ST-MoE router z-loss weight
+    freeze_router: bool = False  # no gradient to router weights
+    routing_replay: bool = False  # replay the rollout's expert choices in the training forward (R3)
+
+
+@dataclasses.dataclass
 class TaskConfig:
     name: str = "arithmetic"
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # --task.<option> (see --help)
@@ -84,6 +94,7 @@ class RunConfig:
 @dataclasses.dataclass
 class TrainConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
@@ -103,7 +114,7 @@ OPEN_SECTIONS = {"algo": "params", "task": "options"}  # sections that take extr
 
 
 def _section_fields(section: str) -> dict[str, dataclasses.Field]:
-    cls = {"model": ModelConfig, "task": TaskConfig, "algo": AlgoConfig, "rollout": RolloutConfig,
+    cls = {"model": ModelConfig, "moe": MoEConfig, "task": TaskConfig, "algo": AlgoConfig, "rollout": RolloutConfig,
            "optim": OptimConfig, "run": RunConfig}[section]
     return {f.name: f for f in dataclasses.fields(cls)}
 
@@ -221,6 +232,8 @@ def validate(cfg: TrainConfig) -> None:
         ("run.eval_samples", cfg.run.eval_samples >= 1, "must be >= 1"),
         ("model.dtype", cfg.model.dtype in ("float32", "bfloat16"), "must be float32 or bfloat16"),
         ("model.threads", cfg.model.threads >= 0, "must be >= 0"),
+        ("moe.aux_loss_coef", cfg.moe.aux_loss_coef >= 0, "must be >= 0"),
+        ("moe.z_loss_coef", cfg.moe.z_loss_coef >= 0, "must be >= 0"),
     ]
     for name, ok, why in checks:
         if not ok:

@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 import mmrl.algos as algos
+from mmrl import moe
 from mmrl.batch import Group, Response, RolloutBatch, collate
 from mmrl.models import load_model, load_tokenizer
 from mmrl.rewards import RewardModelScorer, weighted
@@ -110,6 +111,9 @@ class Trainer:
     device: torch.device = torch.device("cpu")
     compute_dtype: torch.dtype = torch.float32
     step: int = 0
+    is_moe: bool = False
+    moe_experts: int = 0
+    moe_top_k: int = 0
     stop_signal: int | None = None  # set by SIGINT/SIGTERM: finish the step, checkpoint, stop
     prompt_cache: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
@@ -172,13 +176,56 @@ class Trainer:
         temperature = self.cfg.rollout.temperature
         micro = self.cfg.optim.micro_batch_size or 64
         with self.autocast():
-            batch.old_logprobs = batch_logprobs(self.model, batch, temperature, micro)
+            if self.is_moe:
+                batch.old_logprobs, batch.routing = self.old_logprobs_and_routing(batch, micro)
+            else:
+                batch.old_logprobs = batch_logprobs(self.model, batch, temperature, micro)
             if self.ref_model is not None:
                 batch.ref_logprobs = batch_logprobs(self.ref_model, batch, temperature, micro)
         batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
         stats = self.algo.batch_stats(batch.rewards, batch.group_ids, batch.advantages, batch.old_logprobs,
                                       batch.response_mask)
         return batch, stats
+
+    @torch.no_grad()
+    def old_logprobs_and_routing(self, batch: RolloutBatch, micro: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """π_old log-probs of an MoE, recording every token's experts (the rollout routing that replay reuses)."""
+        parts, routing = [], []
+        width = batch.input_ids.shape[1]
+        self.model.eval()
+        for start in range(0, batch.size, micro):
+            rows = torch.arange(start, min(start + micro, batch.size))
+            hooks = moe.RouterHooks(self.model, (len(rows), width))
+            with hooks.active():
+                parts.append(response_logprobs(self.model, batch, self.cfg.rollout.temperature, rows=rows)[0].cpu())
+            routing.append(hooks.routing)
+        self.model.train()
+        return torch.cat(parts), [torch.cat(layer) for layer in zip(*routing, strict=True)]
+
+    def moe_forward(self, batch: RolloutBatch, rows: torch.Tensor, sub: RolloutBatch):
+        """Training forward of an MoE: optional routing replay, router losses and routing metrics."""
+        c = self.cfg.moe
+        width = batch.input_ids.shape[1]
+        hooks = moe.RouterHooks(self.model, (len(rows), width),
+                                replay=[r[rows] for r in batch.routing] if c.routing_replay else None,
+                                capture_logits=c.aux_loss_coef > 0 or c.z_loss_coef > 0)
+        with hooks.active():
+            logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature,
+                                                  with_entropy=True, rows=rows)
+        mask = sub.attention_mask.cpu()
+        natural = hooks.natural if c.routing_replay else hooks.routing
+        extra_loss = torch.zeros((), device=logprobs.device)
+        metrics = {"moe/routing_mismatch": moe.routing_mismatch(natural, sub.routing, mask)}
+        metrics.update(moe.load_metrics(moe.expert_load(natural, self.moe_experts, mask)))
+        if c.aux_loss_coef > 0:
+            aux = moe.load_balancing_loss(hooks.logits, self.moe_top_k, sub.attention_mask)
+            extra_loss = extra_loss + c.aux_loss_coef * aux
+            metrics["moe/aux_loss"] = float(aux.detach())
+        if c.z_loss_coef > 0:
+            z = moe.z_loss(hooks.logits, sub.attention_mask)
+            extra_loss = extra_loss + c.z_loss_coef * z
+            metrics["moe/z_loss"] = float(z.detach())
+        return logprobs, entropy, extra_loss, metrics
 
     # ------------------------------------------------------------------------------------------- update
 
@@ -217,11 +264,17 @@ class Trainer:
                 finite = True
                 for rows, mass in zip(micro, masses, strict=True):
                     sub = batch.select(rows).to(self.device)
+                    router_loss, router_metrics = 0.0, {}
                     with self.autocast():
-                        logprobs, entropy = response_logprobs(self.model, batch, temperature, with_entropy=True,
-                                                              rows=rows)
+                        if self.is_moe:
+                            logprobs, entropy, router_loss, router_metrics = self.moe_forward(batch, rows, sub)
+                        else:
+                            logprobs, entropy = response_logprobs(self.model, batch, temperature,
+                                                                  with_entropy=True, rows=rows)
                     loss, metrics = self.algo.policy_loss(logprobs, sub.old_logprobs, sub.advantages,
                                                           sub.response_mask, sub.group_ids, sub.ref_logprobs, stats)
+                    loss = loss + router_loss
+                    metrics = {**metrics, **router_metrics}
                     if not torch.isfinite(loss):
                         finite = False  # NaN/inf never reaches the optimizer
                         break
@@ -276,6 +329,10 @@ class Trainer:
         if self.task.format_key:
             record["format_rate"] = float(np.mean([c.get(self.task.format_key, 0.0) >= 1.0 for c in components]))
         record.update({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})
+        if batch.routing is not None:
+            load = moe.expert_load(batch.routing, self.moe_experts, batch.attention_mask)
+            record["moe/expert_load"] = [[round(x, 4) for x in layer] for layer in load.tolist()]
+            record.update({f"rollout_{k.split('/')[1]}": v for k, v in moe.load_metrics(load).items()})
         record.update(rollout_info)
         record.update(update_metrics)
         return record
@@ -423,6 +480,11 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     prompt_cache = encode_all_prompts(task, tokenizer, cfg.rollout.max_prompt_tokens)
     model = load_model(cfg.model.name, dtype=torch.float32, device=device)  # float32 master weights
     disable_dropout(model)  # π_old and π_θ must be the same function at the first update
+    routers = moe.find_routers(model)
+    if not routers and cfg.moe != type(cfg.moe)():
+        raise ValueError(f"config: moe.* options are set but {cfg.model.name!r} has no MoE router")
+    if routers and cfg.moe.freeze_router:
+        moe.freeze_routers(model)
     model.train()  # train mode only for gradient checkpointing; dropout is off
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -437,7 +499,9 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     trainer = Trainer(cfg, algo, task, tokenizer, model, ref_model, optimizer, scheduler,
                       PromptSampler(len(task.train), cfg.run.seed),
                       ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
-                      run_dir, device, getattr(torch, cfg.model.dtype), prompt_cache=prompt_cache)
+                      run_dir, device, getattr(torch, cfg.model.dtype), prompt_cache=prompt_cache,
+                      is_moe=bool(routers), moe_experts=routers[0][1].num_experts if routers else 0,
+                      moe_top_k=routers[0][1].top_k if routers else 0)
     if cfg.run.overwrite and not cfg.run.resume and (run_dir / "checkpoints").exists():
         shutil.rmtree(run_dir / "checkpoints")  # a fresh run must never resume or prune into the old one's
     run_dir.mkdir(parents=True, exist_ok=True)
