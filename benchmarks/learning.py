@@ -12,35 +12,22 @@ import argparse
 import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
+from common import head_tail, pyplot, run_config, smooth
 
 import mmrl.algos as algos
-from mmrl.trainer import TrainConfig, build_trainer
-from mmrl.trainer.config import apply_overrides
-from mmrl.trainer.metrics import read_metrics
 
 
 def run_one(name: str, seed: int, steps: int, out_root: Path) -> dict:
-    cfg = TrainConfig()
-    apply_overrides(cfg, {"algo.name": name, "run.seed": seed, "run.steps": steps, "run.progress": False,
-                          "run.plot": False, "run.checkpoint_every": 0, "run.eval_samples": 8,
-                          "run.out_dir": str(out_root / f"{name}-seed{seed}"), "run.overwrite": True,
-                          "rollout.max_new_tokens": 12}, "benchmark")
-    start = time.perf_counter()
-    trainer = build_trainer(cfg)
-    last = trainer.run()
-    if trainer.stop_signal is not None:  # the trainer finished its step on SIGINT/SIGTERM; stop the sweep too
-        raise SystemExit(128 + trainer.stop_signal)
-    wall = time.perf_counter() - start
-    records = read_metrics(trainer.run_dir / "metrics.jsonl")
+    overrides = {"algo.name": name, "run.seed": seed, "run.steps": steps, "run.eval_samples": 8,
+                 "rollout.max_new_tokens": 12}
+    records, last, wall = run_config(overrides, out_root / f"{name}-seed{seed}")
     rewards = [r["reward"] for r in records]
-    head, tail = statistics.mean(rewards[:5]), statistics.mean(rewards[-20:])
+    head, tail = head_tail(rewards)
     return {"algorithm": name, "seed": seed, "steps": steps, "reward_start": head, "reward_end": tail,
-            "lift": tail - head, "eval_pass@1": last.get("eval/pass@1"), "wall_s": wall,
-            "curve": rewards}
+            "lift": tail - head, "eval_pass@1": last.get("eval/pass@1"), "wall_s": wall, "curve": rewards}
 
 
 def main() -> None:
@@ -72,17 +59,12 @@ def main() -> None:
               f"{m['eval_pass@1']:11.3f} {m['wall_s']:7.1f}")
     (out_root / "learning.json").write_text(json.dumps({"config": vars(args), "torch": torch.__version__,
                                                         "machine": platform.machine(), "rows": rows}, indent=2))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in rows:
-        curve = r["curve"]
-        smooth = [statistics.mean(curve[max(0, i - 19) : i + 1]) for i in range(len(curve))]
         color = f"C{sorted(algos.ALGORITHMS).index(r['algorithm'])}"
-        ax.plot(smooth, color=color, alpha=0.85, lw=1.2, label=r["algorithm"] if r["seed"] == rows[0]["seed"] else None)
+        label = r["algorithm"] if r["seed"] == rows[0]["seed"] else None
+        ax.plot(smooth(r["curve"]), color=color, alpha=0.85, lw=1.2, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward (20-step moving average)")
     ax.set_title("Reward on the bundled arithmetic task, embedded tiny Qwen2")

@@ -89,6 +89,7 @@ class RunConfig:
     overwrite: bool = False  # start afresh in an out_dir that already holds a run
     progress: bool = True
     plot: bool = True
+    track_kl_to_init: bool = False  # keep a frozen copy of the initial policy and log KL(π_old || π_init)
 
 
 @dataclasses.dataclass

@@ -329,6 +329,9 @@ class Trainer:
         if self.task.format_key:
             record["format_rate"] = float(np.mean([c.get(self.task.format_key, 0.0) >= 1.0 for c in components]))
         record.update({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})
+        if batch.ref_logprobs is not None:
+            kl = algos.base.kl_k3(batch.old_logprobs, batch.ref_logprobs)
+            record["kl_init"] = float((kl * batch.response_mask).sum() / batch.response_mask.sum().clamp(min=1))
         if batch.routing is not None:
             load = moe.expert_load(batch.routing, self.moe_experts, batch.attention_mask)
             record["moe/expert_load"] = [[round(x, 4) for x in layer] for layer in load.tolist()]
@@ -489,7 +492,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     ref_model = None
-    if algo.uses_reference():
+    if algo.uses_reference() or cfg.run.track_kl_to_init:
         ref_model = copy.deepcopy(model).requires_grad_(False).eval()
     o = cfg.optim
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas,

@@ -44,6 +44,8 @@ PANELS = [
     ("reward", "reward (mean)"), ("accuracy", "accuracy"), ("eval/pass@1", "eval pass@1"),
     ("response_length", "response length"), ("entropy", "token entropy"), ("kl_old", "KL(π_θ || π_old)"),
     ("grad_norm", "grad norm"), ("clip_frac", "clip fraction"), ("alpha", "GPG α"), ("format_rate", "format rate"),
+    ("kl_init", "KL(π || π_init)"), ("moe/routing_mismatch", "MoE routing mismatch"),
+    ("moe/load_imbalance", "MoE load imbalance (max/mean)"),
 ]
 
 
