@@ -158,3 +158,44 @@ def test_freeze_router_keeps_router_weights(tmp_path, small_config):
 def test_moe_options_on_a_dense_model_fail_at_start(tmp_path, small_config):
     with pytest.raises(ValueError, match="has no MoE router"):
         build_trainer(small_config(tmp_path, **{"moe.routing_replay": True}))
+
+
+def _tiny(kind: str, vocab: int):
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(0)
+    common = {"vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2}
+    if kind == "qwen2_moe":
+        return Qwen2MoeForCausalLM(Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, shared_expert_intermediate_size=32))
+    return MixtralForCausalLM(MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2))
+
+
+@pytest.mark.parametrize("kind", ["qwen2_moe", "mixtral"])
+def test_other_hf_moe_families_record_and_replay(tiny_moe, kind):
+    _, tok = tiny_moe
+    model = _tiny(kind, len(tok)).eval()
+    assert len(moe.find_routers(model)) == 2
+    batch = _batch(tok)
+    shape = tuple(batch.input_ids.shape)
+    record = moe.RouterHooks(model, shape)
+    with torch.no_grad(), record.active():
+        logp, _ = response_logprobs(model, batch, 1.0)
+    replay = moe.RouterHooks(model, shape, replay=record.routing)
+    with torch.no_grad(), replay.active():
+        again, _ = response_logprobs(model, batch, 1.0)
+    torch.testing.assert_close(again, logp, atol=1e-6, rtol=1e-5)
+    load = moe.expert_load(record.routing, 4, batch.attention_mask)
+    assert load.shape == (2, 4) and torch.allclose(load.sum(1), torch.ones(2))
+
+
+def test_moe_generates_padded_batches(tiny_moe):
+    from mmrl.trainer.rollout import generate
+
+    model, tok = tiny_moe
+    short = encode_prompt(tok, [{"role": "user", "content": "Use 3, 5 once each with + - * to make 8."}], 128)
+    long_ = encode_prompt(tok, [{"role": "user", "content": "Use 9, 9 once each with + - * to make 81. " * 3}], 256)
+    assert len(long_) > len(short)
+    out = generate(model, tok, [short, long_, short], 12, temperature=1.0, top_p=1.0)
+    assert len(out) == 3 and all(r.token_ids for r in out)
