@@ -43,9 +43,23 @@ def freeze_routers(model: torch.nn.Module) -> int:
     return frozen
 
 
+# Routers whose mixing weights are "softmax over all experts, gathered at the top-k, optionally renormalised": for
+# these replay can recompute the weights of forced experts exactly. Other routers (sigmoid scores, softmax over the
+# top-k logits only, sparsemixer, ...) can be recorded and measured but not replayed.
+REPLAYABLE = {"Qwen3MoeTopKRouter": "norm_topk_prob", "Qwen2MoeTopKRouter": "norm_topk_prob",
+              "MixtralTopKRouter": True}
+
+
+def check_replayable(model: torch.nn.Module) -> None:
+    for name, router in find_routers(model):
+        if type(router).__name__ not in REPLAYABLE:
+            raise ValueError(f"moe.routing_replay: router {name} ({type(router).__name__}) computes its mixing "
+                             f"weights in a way replay does not reproduce; replay supports {sorted(REPLAYABLE)}")
+
+
 def _normalises(router: torch.nn.Module) -> bool:
-    # Mixtral always renormalises its top-k weights; Qwen-MoE routers say so in norm_topk_prob.
-    return bool(getattr(router, "norm_topk_prob", type(router).__name__.startswith("Mixtral")))
+    rule = REPLAYABLE[type(router).__name__]
+    return rule is True or bool(getattr(router, rule))
 
 
 @dataclasses.dataclass
@@ -53,7 +67,11 @@ class RouterHooks:
     """Forward hooks on every router for the duration of a ``with`` block.
 
     ``batch_shape`` is the (B, L) of the forward, needed to give recorded routing its batch layout.
-    ``replay`` maps router index -> ``[B, L, k]`` experts to force; ``record`` keeps what the routers chose.
+    ``replay`` maps router index -> ``[B, L, k]`` experts to force. Routing is kept as int16 on the model's device
+    (one copy to the CPU per forward is the caller's, via :meth:`routing_cpu`).
+
+    Replay must not be combined with activation checkpointing: the backward pass re-runs the layers after the hooks
+    are gone, which would recompute with the router's own choices.
     """
 
     model: torch.nn.Module
@@ -64,9 +82,14 @@ class RouterHooks:
     natural: list[Tensor] = dataclasses.field(default_factory=list)  # what routers would have chosen (replay on)
     logits: list[Tensor] = dataclasses.field(default_factory=list)  # router logits [B*L, E] per router
 
+    def routing_cpu(self) -> list[Tensor]:
+        return [r.cpu() for r in self.routing]
+
     @contextlib.contextmanager
     def active(self):
         routers = [m for _, m in find_routers(self.model)]
+        if self.replay is not None:
+            check_replayable(self.model)
         if self.replay is not None and len(self.replay) != len(routers):
             raise ValueError(f"routing replay has {len(self.replay)} layers, the model has {len(routers)} routers")
         handles = [router.register_forward_hook(self._hook(i)) for i, router in enumerate(routers)]
@@ -84,11 +107,11 @@ class RouterHooks:
             if self.capture_logits:
                 self.logits.append(logits)
             if self.replay is None:
-                self.routing.append(index.detach().reshape(b, length, -1).cpu())
+                self.routing.append(index.detach().reshape(b, length, -1).to(torch.int16))
                 return output
-            forced = self.replay[layer].reshape(b * length, -1).to(index.device)
-            self.natural.append(index.detach().reshape(b, length, -1).cpu())
-            self.routing.append(forced.reshape(b, length, -1).cpu())
+            forced = self.replay[layer].reshape(b * length, -1).to(index.device, torch.long)
+            self.natural.append(index.detach().reshape(b, length, -1).to(torch.int16))
+            self.routing.append(forced.reshape(b, length, -1).to(torch.int16))
             probs = torch.softmax(logits.float(), dim=-1).gather(-1, forced)
             if _normalises(module):
                 probs = probs / probs.sum(-1, keepdim=True)
@@ -99,11 +122,11 @@ class RouterHooks:
 
 def expert_load(routing: list[Tensor], num_experts: int, mask: Tensor) -> Tensor:
     """``[layers, E]`` fraction of the (token, slot) assignments each expert received; ``mask [B, L]`` drops padding."""
-    keep = mask.bool()
+    keep = mask.bool().to(routing[0].device)
     loads = []
     for layer in routing:
-        chosen = layer[keep]  # [tokens, k]
-        counts = torch.bincount(chosen.reshape(-1), minlength=num_experts).float()
+        chosen = layer[keep].long()  # [tokens, k]
+        counts = torch.bincount(chosen.reshape(-1), minlength=num_experts).float()[:num_experts]
         loads.append(counts / counts.sum().clamp(min=1))
     return torch.stack(loads)
 
@@ -120,11 +143,11 @@ def load_metrics(load: Tensor) -> dict[str, float]:
 
 def routing_mismatch(a: list[Tensor], b: list[Tensor], mask: Tensor) -> float:
     """Fraction of (layer, token) pairs whose *set* of top-k experts differs between two routings."""
-    keep = mask.bool()
+    keep = mask.bool().to(a[0].device) if a else mask.bool()
     differ = total = 0
     for x, y in zip(a, b, strict=True):
-        xs, _ = x[keep].sort(-1)
-        ys, _ = y[keep].sort(-1)
+        xs, _ = x[keep].long().sort(-1)
+        ys, _ = y.to(x.device)[keep].long().sort(-1)
         differ += int((xs != ys).any(-1).sum())
         total += int(keep.sum())
     return differ / max(total, 1)

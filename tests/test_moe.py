@@ -96,21 +96,47 @@ def test_routing_replay_forces_the_rollout_experts(tiny_moe):
     mask = batch.attention_mask
     assert moe.routing_mismatch(free.routing, record.routing, mask) > 0.05  # the drift changed expert choices
     assert moe.routing_mismatch(replay.natural, record.routing, mask) > 0.05  # ... and replay saw that
-    assert moe.routing_mismatch(replay.routing, record.routing, mask) == 0.0
-    assert all(torch.equal(a, b) for a, b in zip(replay.routing, record.routing, strict=True))
+
+    # What the experts actually ran, read at the experts module's input (not from our own bookkeeping):
+    ran: list[torch.Tensor] = []
+    experts = [m for n, m in model.named_modules() if n.endswith("mlp.experts")]
+    handles = [m.register_forward_pre_hook(lambda mod, args: ran.append(args[1].reshape(*shape, -1).clone()))
+               for m in experts]
+    try:
+        with torch.no_grad(), moe.RouterHooks(model, shape, replay=record.routing).active():
+            response_logprobs(model, batch, 1.0)
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(ran) == 2
+    assert all(torch.equal(a, b.long()) for a, b in zip(ran, record.routing, strict=True))
 
 
-def test_replay_keeps_router_gradient(tiny_moe):
+def test_replay_keeps_router_gradient_through_the_replayed_experts(tiny_moe):
+    """After drift, the router still gets gradient under replay, and it differs from the free-routing gradient."""
     model, tok = tiny_moe
+    model = type(model)(model.config).eval()
+    model.load_state_dict(load_model(MOE).state_dict())
     batch = _batch(tok)
-    record = moe.RouterHooks(model, tuple(batch.input_ids.shape))
+    shape = tuple(batch.input_ids.shape)
+    record = moe.RouterHooks(model, shape)
     with torch.no_grad(), record.active():
         response_logprobs(model, batch, 1.0)
-    model.zero_grad()
-    with moe.RouterHooks(model, tuple(batch.input_ids.shape), replay=record.routing).active():
-        logp, _ = response_logprobs(model, batch, 1.0)
-    logp.sum().backward()
-    assert all(r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for _, r in moe.find_routers(model))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for _, router in moe.find_routers(model):
+            router.weight.add_(0.2 * router.weight.std() * torch.randn_like(router.weight))
+
+    def router_grads(replay):
+        model.zero_grad()
+        with moe.RouterHooks(model, shape, replay=replay).active():
+            logp, _ = response_logprobs(model, batch, 1.0)
+        logp.sum().backward()
+        return [r.weight.grad.clone() for _, r in moe.find_routers(model)]
+
+    with_replay, without = router_grads(record.routing), router_grads(None)
+    assert all(g.abs().sum() > 0 for g in with_replay)
+    assert any(not torch.allclose(a, b) for a, b in zip(with_replay, without, strict=True))
 
 
 @pytest.mark.parametrize("name", sorted(algos.ALGORITHMS))
@@ -139,7 +165,13 @@ def test_aux_loss_coefficient_adds_the_switch_loss(tmp_path, small_config):
     zero, m0 = router_loss(0.0, "a")
     half, m1 = router_loss(0.5, "b")
     assert zero == 0.0 and "moe/aux_loss" not in m0
-    assert m1["moe/aux_loss"] > 0 and half == pytest.approx(0.5 * m1["moe/aux_loss"], rel=1e-5)
+    assert half == pytest.approx(0.5 * m1["moe/aux_loss"], rel=1e-5)
+    # The same batch through transformers' own MoE forward gives the same Switch loss.
+    trainer = build_trainer(small_config(tmp_path / "c", **{"model.name": MOE, "task.name": "countdown"}))
+    batch, _ = trainer.prepare_batch(trainer.collect_rollouts()[0])
+    out = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        position_ids=batch.position_ids, output_router_logits=True)
+    assert m1["moe/aux_loss"] == pytest.approx(float(out.aux_loss), rel=1e-4)
 
 
 def test_freeze_router_keeps_router_weights(tmp_path, small_config):
@@ -199,3 +231,30 @@ def test_moe_generates_padded_batches(tiny_moe):
     assert len(long_) > len(short)
     out = generate(model, tok, [short, long_, short], 12, temperature=1.0, top_p=1.0)
     assert len(out) == 3 and all(r.token_ids for r in out)
+
+
+def test_unsafe_moe_combinations_fail_at_start(tmp_path, small_config):
+    with pytest.raises(ValueError, match="cannot be combined with model.gradient_checkpointing"):
+        build_trainer(small_config(tmp_path, **{"model.name": MOE, "moe.routing_replay": True,
+                                                "model.gradient_checkpointing": True}))
+    with pytest.raises(ValueError, match="freeze_router with a router loss"):
+        build_trainer(small_config(tmp_path, **{"model.name": MOE, "moe.freeze_router": True,
+                                                "moe.aux_loss_coef": 0.01}))
+
+
+def test_replay_refuses_routers_whose_weights_it_cannot_reproduce(tiny_moe):
+    from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
+
+    _, tok = tiny_moe
+    model = GraniteMoeForCausalLM(GraniteMoeConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=32,
+                                                   num_hidden_layers=1, num_attention_heads=4,
+                                                   num_key_value_heads=2, num_local_experts=4,
+                                                   num_experts_per_tok=2)).eval()
+    batch = _batch(tok)
+    record = moe.RouterHooks(model, tuple(batch.input_ids.shape))
+    with torch.no_grad(), record.active():  # recording and metrics work for any *TopKRouter
+        response_logprobs(model, batch, 1.0)
+    assert len(record.routing) == 1
+    with pytest.raises(ValueError, match="replay supports"):
+        with moe.RouterHooks(model, tuple(batch.input_ids.shape), replay=record.routing).active():
+            pass

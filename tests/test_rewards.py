@@ -140,3 +140,14 @@ def test_nested_weighted_rewards_keep_inner_components():
     [r] = outer(["<think>x</think><answer>4</answer>"], [{"answer": "4"}])
     assert r.components["math_accuracy"] == 1.0 and r.components["think_answer_format"] == 1.0
     assert r.components["task"] == 1.5 and r.score == 3.5
+
+
+@pytest.mark.parametrize("answer,score", [
+    ("<answer>3+5</answer>", 1.0), ("<answer>5+3</answer>", 1.0), ("<answer>(5)+(3)</answer>", 1.0),
+    ("<answer>3*5</answer>", 0.0), ("<answer>8</answer>", 0.0), ("<answer>3+5+0</answer>", 0.0),
+    ("<answer>0x3+5</answer>", 0.0), ("<answer>__import__('os')</answer>", 0.0), ("<answer>9**9**9</answer>", 0.0),
+    ("<answer>" + "(" * 150 + "3+5" + ")" * 150 + "</answer>", 0.0), ("no tags", 0.0),
+])
+def test_countdown_reward(answer, score):
+    [r] = get_reward("countdown")([answer], [{"numbers": [3, 5], "target": 8}])
+    assert r.score == score and (score == 1.0 or r.reason)

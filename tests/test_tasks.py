@@ -73,3 +73,20 @@ def test_hub_ids_go_through_datasets(monkeypatch):
 
 def test_registry():
     assert {"arithmetic", "math"} <= set(TASKS)
+
+
+def test_countdown_problems_are_distinct_and_their_solutions_correct():
+    from mmrl.rewards.countdown import evaluate_expression
+    from mmrl.tasks.countdown import countdown_problems
+
+    for n in (2, 3):
+        problems = countdown_problems(6, n)
+        keys = [(tuple(nums), target) for nums, target, _ in problems]
+        assert len(keys) == len(set(keys))
+        for nums, target, solution in problems:
+            value, used = evaluate_expression(solution)
+            assert value == target and sorted(used) == sorted(nums)
+    task = get_task("countdown", n_numbers=3, max_number=4)
+    assert not {r["problem"] for r in task.train} & {r["problem"] for r in task.eval}
+    with pytest.raises(ValueError, match="task.max_number"):
+        get_task("countdown", n_numbers=4, max_number=99)

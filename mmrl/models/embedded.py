@@ -32,7 +32,7 @@ import torch
 
 RECIPE_VERSION = "tiny-qwen2-v3"
 EMBEDDED_NAME = "embedded:tiny-qwen2"
-MOE_RECIPE_VERSION = "tiny-qwen3-moe-v1"
+MOE_RECIPE_VERSION = "tiny-qwen3-moe-v2"
 EMBEDDED_MOE_NAME = "embedded:tiny-qwen3-moe"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
@@ -120,13 +120,14 @@ def arithmetic_example(rng: random.Random) -> tuple[str, str]:
     return arithmetic_prompt(a, "+", b), f"{a + b}"
 
 
-def countdown_example(rng: random.Random, _problems: list = []) -> tuple[str, str]:  # noqa: B006 -- memo
-    from mmrl.tasks.countdown import countdown_problems, countdown_prompt
+def countdown_example(rng: random.Random, _rows: list = []) -> tuple[str, str]:  # noqa: B006 -- memo
+    """A problem of the countdown task's *training* split (its held-out problems are never pre-trained on)."""
+    from mmrl.tasks.countdown import countdown_task
 
-    if not _problems:
-        _problems.extend(countdown_problems(9, 2))
-    numbers, target, solution = rng.choice(_problems)
-    return countdown_prompt(numbers, target), solution
+    if not _rows:
+        _rows.extend(countdown_task().train)
+    row = rng.choice(_rows)
+    return row["messages"][0]["content"], row["answer"]
 
 
 def pretrain(model, tokenizer, steps: int = 200, batch_size: int = 64, lr: float = 3e-3, seed: int = 0,

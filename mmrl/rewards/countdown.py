@@ -7,6 +7,7 @@ output is never executed.
 from __future__ import annotations
 
 import ast
+import re
 from collections import Counter
 
 from mmrl.rewards.base import Sample, reward
@@ -20,6 +21,8 @@ def evaluate_expression(text: str) -> tuple[int, list[int]]:
     """(value, integer literals used) of an expression of + - * over non-negative integers; ValueError otherwise."""
     if len(text) > MAX_EXPRESSION_CHARS:
         raise ValueError("expression too long")
+    if not re.fullmatch(r"[0-9\s+*()-]+", text):  # no 0x.., 0o.., 1_0, names or other operators
+        raise ValueError("only decimal integers, + - * and brackets are allowed")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:

@@ -20,19 +20,23 @@ def countdown_prompt(numbers: list[int], target: int) -> str:
     return f"Use {listed} once each with + - * to make {target}. Answer in <answer></answer> tags."
 
 
+MAX_PROBLEMS = 2_000_000
+
+
 def countdown_problems(max_number: int = 9, n_numbers: int = 2, ops: str = "+-*") -> list[tuple[list[int], int, str]]:
-    """Every (numbers, target, one solution) with a non-negative target, solutions built left to right."""
-    out = []
+    """Every distinct (numbers, target) with a non-negative target and one solution (operations applied left to
+    right, bracketed so that the expression means what was computed)."""
+    seen: dict[tuple[tuple[int, ...], int], str] = {}
     for numbers in itertools.product(range(1, max_number + 1), repeat=n_numbers):
         for chosen in itertools.product(ops, repeat=n_numbers - 1):
             value = numbers[0]
             expression = str(numbers[0])
             for op, n in zip(chosen, numbers[1:], strict=True):
                 value = _APPLY[op](value, n)
-                expression = f"{expression}{op}{n}"
+                expression = f"({expression}){op}{n}" if expression != str(numbers[0]) else f"{expression}{op}{n}"
             if value >= 0:
-                out.append((list(numbers), value, expression))
-    return out
+                seen.setdefault((numbers, value), expression)
+    return [(list(numbers), value, expression) for (numbers, value), expression in seen.items()]
 
 
 @register_task("countdown")
@@ -46,6 +50,9 @@ def countdown_task(max_number: int = 9, n_numbers: int = 2, ops: str = "+-*", ev
         raise ValueError(f"task.ops must be made of + - *, got {ops!r}")
     if not 0 <= eval_fraction < 1:
         raise ValueError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
+    if max_number**n_numbers * len(ops) ** (n_numbers - 1) > MAX_PROBLEMS:
+        raise ValueError(f"task.max_number: {max_number} with {n_numbers} numbers gives more than {MAX_PROBLEMS:,} "
+                         "problems to enumerate")
     problems = countdown_problems(max_number, n_numbers, ops)
     random.Random(seed).shuffle(problems)
     n_eval = int(round(len(problems) * eval_fraction))

@@ -240,6 +240,12 @@ def validate(cfg: TrainConfig) -> None:
         if not ok:
             section, field = name.split(".")
             raise ValueError(f"config: {name} {why}, got {getattr(getattr(cfg, section), field)!r}")
+    if cfg.moe.routing_replay and cfg.model.gradient_checkpointing:
+        raise ValueError("config: moe.routing_replay cannot be combined with model.gradient_checkpointing (the "
+                         "recomputation in backward would not replay the routing)")
+    if cfg.moe.freeze_router and (cfg.moe.aux_loss_coef > 0 or cfg.moe.z_loss_coef > 0):
+        raise ValueError("config: moe.freeze_router with a router loss (moe.aux_loss_coef / moe.z_loss_coef) would "
+                         "train the rest of the network to balance a frozen router; use one or the other")
     if cfg.rollout.replay_historical and cfg.algo.name != "gvpo":
         raise ValueError("config: rollout.replay_historical needs --algo gvpo (only GVPO is exact off-policy, "
                          "Theorem 3.2)")

@@ -198,7 +198,7 @@ class Trainer:
             hooks = moe.RouterHooks(self.model, (len(rows), width))
             with hooks.active():
                 parts.append(response_logprobs(self.model, batch, self.cfg.rollout.temperature, rows=rows)[0].cpu())
-            routing.append(hooks.routing)
+            routing.append(hooks.routing_cpu())
         self.model.train()
         return torch.cat(parts), [torch.cat(layer) for layer in zip(*routing, strict=True)]
 
@@ -212,7 +212,7 @@ class Trainer:
         with hooks.active():
             logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature,
                                                   with_entropy=True, rows=rows)
-        mask = sub.attention_mask.cpu()
+        mask = sub.attention_mask
         natural = hooks.natural if c.routing_replay else hooks.routing
         extra_loss = torch.zeros((), device=logprobs.device)
         metrics = {"moe/routing_mismatch": moe.routing_mismatch(natural, sub.routing, mask)}
@@ -258,7 +258,11 @@ class Trainer:
             for chunk in torch.randperm(n_groups, generator=order_rng).chunk(o.minibatches):
                 micro = self.micro_batches(batch, chunk)
                 masses = [self.algo.loss_mass(batch.response_mask[r], batch.group_ids[r]) for r in micro]
-                total = sum(masses) or 1.0
+                total = sum(masses)
+                router_losses = self.is_moe and (self.cfg.moe.aux_loss_coef > 0 or self.cfg.moe.z_loss_coef > 0)
+                if total == 0 and not router_losses:
+                    continue  # nothing in this mini-batch carries loss (e.g. only empty responses)
+                n_rows = sum(len(r) for r in micro)
                 self.optimizer.zero_grad(set_to_none=True)
                 step_metrics: Counter[str] = Counter()
                 finite = True
@@ -273,14 +277,13 @@ class Trainer:
                                                                   with_entropy=True, rows=rows)
                     loss, metrics = self.algo.policy_loss(logprobs, sub.old_logprobs, sub.advantages,
                                                           sub.response_mask, sub.group_ids, sub.ref_logprobs, stats)
-                    loss = loss + router_loss
                     metrics = {**metrics, **router_metrics}
-                    if not torch.isfinite(loss):
+                    if not (torch.isfinite(loss) and torch.isfinite(torch.as_tensor(router_loss))):
                         finite = False  # NaN/inf never reaches the optimizer
                         break
-                    share = mass / total
-                    if share > 0:
-                        (loss * share).backward()
+                    share = mass / total if total else 0.0
+                    # The policy loss is weighted by the objective's loss mass, router losses by tokens' rows.
+                    (loss * share + router_loss * (len(rows) / n_rows)).backward()
                     mask = sub.response_mask
                     token_entropy = float((entropy * mask).sum() / mask.sum().clamp(min=1))
                     step_metrics.update({k: v * share for k, v in metrics.items()})
@@ -407,11 +410,13 @@ class Trainer:
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
+    """No dropout and no router jitter: the training forward must be the function π_old was computed with."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
+        for attr in ("attention_dropout", "jitter_noise", "router_jitter_noise", "input_jitter_noise"):
+            if isinstance(getattr(module, attr, None), float):
+                setattr(module, attr, 0.0)
 
 
 def encode_all_prompts(task: Task, tokenizer, limit: int, max_checked: int = 50_000) -> dict[int, list[int]]:
@@ -486,6 +491,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     routers = moe.find_routers(model)
     if not routers and cfg.moe != type(cfg.moe)():
         raise ValueError(f"config: moe.* options are set but {cfg.model.name!r} has no MoE router")
+    if routers and cfg.moe.routing_replay:
+        moe.check_replayable(model)
     if routers and cfg.moe.freeze_router:
         moe.freeze_routers(model)
     model.train()  # train mode only for gradient checkpointing; dropout is off
@@ -503,7 +510,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
                       PromptSampler(len(task.train), cfg.run.seed),
                       ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
                       run_dir, device, getattr(torch, cfg.model.dtype), prompt_cache=prompt_cache,
-                      is_moe=bool(routers), moe_experts=routers[0][1].num_experts if routers else 0,
+                      is_moe=bool(routers), moe_experts=max((r.num_experts for _, r in routers), default=0),
                       moe_top_k=routers[0][1].top_k if routers else 0)
     if cfg.run.overwrite and not cfg.run.resume and (run_dir / "checkpoints").exists():
         shutil.rmtree(run_dir / "checkpoints")  # a fresh run must never resume or prune into the old one's
