@@ -5,7 +5,7 @@ Four mini-batches per rollout make the later updates off-policy, so the routing 
 forward can differ; the table reports that mismatch with the reward lift, the KL to the initial policy and the grad
 norm. Writes JSON and a PNG of the curves.
 
-    python benchmarks/moe.py [--steps 150] [--seeds 0,1] [--threads 2]
+    python benchmarks/moe.py [--steps 200] [--seeds 0,1,2] [--lr 5e-4] [--threads 2]
 """
 
 from __future__ import annotations
@@ -23,10 +23,22 @@ CURVES = [("reward", "mean reward"), ("kl_init", "KL(π || π_init)"), ("grad_no
           ("moe/routing_mismatch", "routing mismatch (training vs rollout)")]
 
 
+def summary(rows: list[dict]) -> list[dict]:
+    """Mean over seeds of every numeric column, one row per (algorithm, replay); seed -1 marks it."""
+    out = []
+    for key in dict.fromkeys((r["algorithm"], r["replay"]) for r in rows):
+        mine = [r for r in rows if (r["algorithm"], r["replay"]) == key]
+        mean = {k: statistics.mean(r[k] for r in mine) for k, v in mine[0].items()
+                if isinstance(v, float) and k != "seed"}
+        out.append({"algorithm": key[0], "replay": key[1], "seed": -1, **mean})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--lr", type=float, default=5e-4, help="1e-3 with 4 mini-batches collapses early on the MoE")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/moe")
     args = parser.parse_args()
@@ -37,7 +49,8 @@ def main() -> None:
         for replay in (False, True):
             for seed in map(int, args.seeds.split(",")):
                 overrides = {"model.name": "embedded:tiny-qwen3-moe", "task.name": "countdown", "algo.name": algo,
-                             "moe.routing_replay": replay, "optim.minibatches": 4, "run.seed": seed,
+                             "moe.routing_replay": replay, "optim.minibatches": 4, "optim.lr": args.lr,
+                             "run.seed": seed,
                              "run.steps": args.steps, "run.track_kl_to_init": True, "run.eval_samples": 8,
                              "rollout.max_new_tokens": 12}
                 records, last, wall = run_config(overrides, out / "runs" / f"{algo}-replay{int(replay)}-seed{seed}")
@@ -50,11 +63,12 @@ def main() -> None:
                              "imbalance_end": records[-1]["moe/load_imbalance"], "wall_s": wall,
                              "curves": {k: [r.get(k) for r in records] for k, _ in CURVES}})
     print(f"tiny Qwen3-MoE (8 experts, top-2), CountDown, {args.steps} steps x 16 prompts x 8 samples, "
-          f"4 mini-batches, {args.threads} threads")
+          f"4 mini-batches, lr {args.lr:g}, {args.threads} threads")
     header = ("algo", "replay", "seed", "reward@start", "reward@end", "lift", "eval p@1", "mismatch", "KL init",
               "grad norm", "imbalance", "wall s")
+    print("(seed -1 rows: mean over seeds)")
     print(("{:6s} {:>6s} {:>4s}" + " {:>12s}" * 9).format(*header))
-    for r in rows:
+    for r in rows + summary(rows):
         print(f"{r['algorithm']:6s} {str(r['replay']):>6s} {r['seed']:4d} {r['reward_start']:12.3f} "
               f"{r['reward_end']:12.3f} {r['lift']:12.3f} {r['eval_pass@1']:12.3f} {r['mismatch_mean']:12.4f} "
               f"{r['kl_init_end']:12.4f} {r['grad_norm_mean']:12.3f} {r['imbalance_end']:12.2f} {r['wall_s']:12.1f}")
