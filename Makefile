@@ -4,7 +4,7 @@ VENV ?= .venv
 # CPU machines: the local CPU wheel. GPU machines: `make TORCH=torch ...` (or pre-install the CUDA build you want).
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
-STEPS ?= 150
+STEPS ?= 300
 ALGO ?= gpg
 TASK ?= arithmetic
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from mmrl.cli import add_dataclass_flags, catalogue, run_cli, split_open_flags
-from mmrl.trainer.config import OPEN_SECTIONS, TrainConfig, apply_overrides, load_yaml
+from mmrl.trainer.config import OPEN_SECTIONS, TrainConfig, apply_overrides, load_yaml, saved_overrides
 
 
 def parse_config(argv: list[str] | None) -> TrainConfig:
@@ -33,6 +34,11 @@ def parse_config(argv: list[str] | None) -> TrainConfig:
         add_dataclass_flags(parser, section, getattr(defaults, section), skip)
     args, extra = parser.parse_known_args(argv)
     cfg = TrainConfig()
+    resume_dir = getattr(args, "run.out_dir", None)
+    if getattr(args, "run.resume", False) and resume_dir and (Path(resume_dir) / "config.json").exists():
+        # Resuming continues the run as it was configured; flags given now still override (e.g. more --steps).
+        saved = json.loads((Path(resume_dir) / "config.json").read_text())
+        apply_overrides(cfg, saved_overrides(saved), f"{resume_dir}/config.json")
     if args.config:
         apply_overrides(cfg, load_yaml(args.config), args.config)
     flags = {k: v for k, v in vars(args).items() if "." in k}

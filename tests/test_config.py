@@ -68,3 +68,20 @@ def test_help_lists_algorithms_and_tasks():
     assert proc.returncode == 0
     for name in ("grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo", "arithmetic", "math", "--rollout.temperature"):
         assert name in proc.stdout
+
+
+def test_resume_starts_from_the_runs_saved_config(tmp_path):
+    import json
+
+    from mmrl.trainer.config import apply_overrides
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = TrainConfig()
+    apply_overrides(saved, {"algo.name": "gvpo", "algo.beta": 0.3, "task.max_operand": 5, "optim.lr": 5e-4,
+                            "run.steps": 10}, "test")
+    (run / "config.json").write_text(json.dumps(saved.to_dict(), default=str))
+    cfg = parse_config(["--out", str(run), "--resume", "--steps", "20"])
+    assert (cfg.algo.name, cfg.algo.params, cfg.task.options, cfg.optim.lr) == ("gvpo", {"beta": 0.3},
+                                                                               {"max_operand": 5}, 5e-4)
+    assert cfg.run.steps == 20 and cfg.run.resume

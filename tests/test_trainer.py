@@ -141,7 +141,9 @@ def test_kill_and_resume_is_bit_identical(tmp_path, embedded_model_dir):
     assert interrupted_at < steps, "the run finished before the signal; nothing was tested"
     assert b"continue with --resume" in err
 
-    subprocess.run(base + ["--out", str(killed), "--resume"], check=True, env=env, timeout=600, capture_output=True)
+    # Resuming needs only the run directory: the run's own config.json is the base.
+    resume = [sys.executable, "-m", "mmrl.train", "--out", str(killed), "--resume"]
+    subprocess.run(resume, check=True, env=env, timeout=600, capture_output=True)
     a, b = _final_state(straight), _final_state(killed)
     assert a["step"] == b["step"] == steps
     for key in a["model"]:

@@ -192,6 +192,15 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
             raise ValueError(f"config ({origin}): unknown field {key!r}{_suggest(field, fields)}")
 
 
+def saved_overrides(saved: dict[str, Any]) -> dict[str, Any]:
+    """A run directory's ``config.json`` (``TrainConfig.to_dict()``) as overrides for :func:`apply_overrides`."""
+    out = {k: dict(v) for k, v in saved.items() if isinstance(v, dict)}
+    for section, extra in OPEN_SECTIONS.items():
+        if section in out:
+            out[section].update(out[section].pop(extra, {}) or {})
+    return out
+
+
 def load_yaml(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
