@@ -61,7 +61,8 @@ def _main(argv: list[str] | None) -> None:
         model.load_state_dict(load_checkpoint(ckpt)["model"])
     model.eval()
     result = evaluate(model, tokenizer, task, k=args.k, temperature=args.temperature,
-                      max_new_tokens=args.max_new_tokens, seed=args.seed, max_problems=args.max_problems)
+                      max_new_tokens=args.max_new_tokens, seed=args.seed, max_problems=args.max_problems,
+                      progress=True)
     result = {"task": args.task, "model": args.model, "checkpoint": str(ckpt) if ckpt else None, **result}
     width = max(len(k) for k in result)
     for key, value in result.items():

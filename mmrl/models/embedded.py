@@ -22,6 +22,7 @@ Results are cached under ``$MMRL_CACHE`` (default ``~/.cache/mmrl``) keyed by ea
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -195,6 +196,8 @@ def build_embedded(cache_dir: Path | None = None, force: bool = False, name: str
     if (target / "config.json").exists() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("mmrl").info("building %s on first use (tokenizer + pre-training, ~10-20 s) into %s", name,
+                                   target)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
     try:

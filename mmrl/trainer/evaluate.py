@@ -30,7 +30,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 @torch.no_grad()
 def evaluate(model, tokenizer, task: Task, k: int = 4, temperature: float = 1.0, max_new_tokens: int = 64,
              max_prompt_tokens: int = 512, seed: int = 0, max_problems: int = 0,
-             batch_size: int = 128) -> dict[str, Any]:
+             batch_size: int = 128, progress: bool = False) -> dict[str, Any]:
     rows = task.eval[:max_problems] if max_problems else task.eval
     if not rows:
         return {}
@@ -41,7 +41,7 @@ def evaluate(model, tokenizer, task: Task, k: int = 4, temperature: float = 1.0,
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         responses = generate(model, tokenizer, [g.prompt_ids for g in groups for _ in range(n)], max_new_tokens,
-                             temperature, 1.0, batch_size)
+                             temperature, 1.0, batch_size, progress="eval" if progress else None)
     for i, g in enumerate(groups):
         g.responses = responses[i * n : (i + 1) * n]
     score_groups(groups, task.reward)

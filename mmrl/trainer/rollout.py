@@ -43,15 +43,23 @@ def eos_ids(tokenizer, model) -> list[int]:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-             batch_size: int = 64) -> list[Response]:
-    """One sampled response per prompt (repeat a prompt to get a group). Greedy when ``temperature == 0``."""
+             batch_size: int = 64, progress: str | None = None) -> list[Response]:
+    """One sampled response per prompt (repeat a prompt to get a group). Greedy when ``temperature == 0``.
+
+    ``progress``: a label to show a progress bar over the generation batches (long evaluations).
+    """
     was_training = model.training
     model.eval()
     stop = eos_ids(tokenizer, model)
     pad = tokenizer.pad_token_id
     device = next(model.parameters()).device
     out: list[Response] = []
-    for start in range(0, len(prompts), batch_size):
+    starts = range(0, len(prompts), batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc=progress, unit="batch", dynamic_ncols=True, leave=False)
+    for start in starts:
         chunk = prompts[start : start + batch_size]
         width = max(len(p) for p in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
