@@ -56,7 +56,9 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(k, label) for k, label in PANELS if any(r.get(k) is not None for r in records)]
+    # A panel whose metric never changes (e.g. KL to π_old with one update per rollout) says nothing: leave it out.
+    distinct = {k: len({r[k] for r in records if r.get(k) is not None}) for k, _ in PANELS}
+    panels = [(k, label) for k, label in PANELS if distinct[k] > 1 or (len(records) < 2 and distinct[k])]
     if not panels:
         return None
     cols = 3
