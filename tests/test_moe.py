@@ -62,13 +62,8 @@ def _batch(tok):
     return collate(groups, tok.pad_token_id)
 
 
-def test_routing_replay_forces_the_rollout_experts(tiny_moe):
-    """R3: the training forward runs exactly the rollout's experts, whatever the router does meanwhile.
-
-    Without drift, replay reproduces the rollout's log-probs bit for bit. After the router drifts, the experts it
-    would choose differ from the rollout's; with replay the routing used equals the rollout's exactly, and only the
-    mixing weights (the current router's probabilities of those experts, which carry the router's gradient) move.
-    """
+def _fresh_recorded(tiny_moe):
+    """(a private copy of the tiny MoE, a batch, its shape, the recorded rollout routing, the rollout log-probs)."""
     model, tok = tiny_moe
     model = type(model)(model.config).eval()
     model.load_state_dict(load_model(MOE).state_dict())
@@ -77,16 +72,32 @@ def test_routing_replay_forces_the_rollout_experts(tiny_moe):
     record = moe.RouterHooks(model, shape)
     with torch.no_grad(), record.active():
         rollout_logp, _ = response_logprobs(model, batch, 1.0)
+    return model, batch, shape, record, rollout_logp
+
+
+def _drift_routers(model, scale: float = 0.2) -> None:
+    """The training-side router drifts away from the rollout's."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for _, router in moe.find_routers(model):
+            router.weight.add_(scale * router.weight.std() * torch.randn_like(router.weight))
+
+
+def test_routing_replay_forces_the_rollout_experts(tiny_moe):
+    """R3: the training forward runs exactly the rollout's experts, whatever the router does meanwhile.
+
+    Without drift, replay reproduces the rollout's log-probs bit for bit. After the router drifts, the experts it
+    would choose differ from the rollout's; with replay the routing used equals the rollout's exactly, and only the
+    mixing weights (the current router's probabilities of those experts, which carry the router's gradient) move.
+    """
+    model, batch, shape, record, rollout_logp = _fresh_recorded(tiny_moe)
     assert len(record.routing) == 2 and record.routing[0].shape == (*shape, 2)
     same = moe.RouterHooks(model, shape, replay=record.routing)
     with torch.no_grad(), same.active():
         replay_logp, _ = response_logprobs(model, batch, 1.0)
     assert torch.equal(replay_logp, rollout_logp)
 
-    torch.manual_seed(1)
-    with torch.no_grad():  # the training-side router drifts away from the rollout's
-        for _, router in moe.find_routers(model):
-            router.weight.add_(0.2 * router.weight.std() * torch.randn_like(router.weight))
+    _drift_routers(model)
     free = moe.RouterHooks(model, shape)
     with torch.no_grad(), free.active():
         response_logprobs(model, batch, 1.0)
@@ -114,18 +125,8 @@ def test_routing_replay_forces_the_rollout_experts(tiny_moe):
 
 def test_replay_keeps_router_gradient_through_the_replayed_experts(tiny_moe):
     """After drift, the router still gets gradient under replay, and it differs from the free-routing gradient."""
-    model, tok = tiny_moe
-    model = type(model)(model.config).eval()
-    model.load_state_dict(load_model(MOE).state_dict())
-    batch = _batch(tok)
-    shape = tuple(batch.input_ids.shape)
-    record = moe.RouterHooks(model, shape)
-    with torch.no_grad(), record.active():
-        response_logprobs(model, batch, 1.0)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for _, router in moe.find_routers(model):
-            router.weight.add_(0.2 * router.weight.std() * torch.randn_like(router.weight))
+    model, batch, shape, record, _ = _fresh_recorded(tiny_moe)
+    _drift_routers(model)
 
     def router_grads(replay):
         model.zero_grad()
