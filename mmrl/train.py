@@ -18,7 +18,7 @@ def parse_config(argv: list[str] | None) -> TrainConfig:
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(prog="python -m mmrl.train", description=__doc__, epilog=catalogue(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file with sections model/task/algo/rollout/optim/run")
+    parser.add_argument("--config", help="YAML file with sections model/moe/task/algo/rollout/optim/run")
     parser.add_argument("--algo", dest="algo.name", default=argparse.SUPPRESS, help="objective (default: grpo)")
     parser.add_argument("--task", dest="task.name", default=argparse.SUPPRESS, help="task (default: arithmetic)")
     parser.add_argument("--model", dest="model.name", default=argparse.SUPPRESS,

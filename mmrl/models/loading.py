@@ -61,7 +61,7 @@ def load_tokenizer(spec: str):
 
 
 def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """A causal LM in train mode on ``device``. Raises ValueError with one line when the spec cannot be loaded."""
+    """A causal LM on ``device``. Raises ValueError with one line when the spec cannot be loaded."""
     from transformers import AutoModelForCausalLM
 
     where, gguf = resolve(spec)

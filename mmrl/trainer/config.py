@@ -1,8 +1,9 @@
 """One dataclass tree for a run: defaults here, overridden by a YAML file, overridden by CLI flags.
 
-Every field is a flag ``--section.field`` (``--rollout.temperature 0.7``). ``--algo.X`` / ``--task.X`` that are not
-fields of those sections are the algorithm's hyper-parameters / the task's options, checked against the chosen
-algorithm and task at start. A wrong name or value fails at start with one line naming the field.
+Every field is a flag ``--section.field`` (``--rollout.temperature 0.7``; the names are ``--model/--task/--algo``).
+``--algo.X`` / ``--task.X`` that are not fields of those sections are the algorithm's hyper-parameters / the task's
+options, checked against the chosen algorithm and task at start. A wrong name or value fails at start with one line
+naming the field.
 """
 
 from __future__ import annotations

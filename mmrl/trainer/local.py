@@ -8,7 +8,8 @@
 
 Everything an objective needs comes from `mmrl.algos`; this file knows nothing about any one objective except the two
 rollout-level features two papers define: GPG's valid-sample threshold β_th (gpg.md Alg. 1 line 1) and GVPO's replay
-of historical responses as an off-policy π_s (gvpo.md Theorem 3.2, Fig. 4).
+of historical responses as an off-policy π_s (gvpo.md Theorem 3.2, Fig. 4), plus Dr.GRPO's constant normaliser,
+which `build_algorithm` sets to the generation budget.
 """
 
 from __future__ import annotations
