@@ -41,7 +41,7 @@ def test_smollm2_generation_rescoring_and_one_rl_step(tmp_path, small_config):
         resp = row[: row.index(tok.eos_token_id) + 1] if tok.eos_token_id in row else row
         groups.append(Group(i, {}, prompts[i], [Response(resp)]))
     batch = collate(groups, tok.pad_token_id)
-    rescored = batch_logprobs(model, batch, 0.7)
+    rescored, _ = batch_logprobs(model, batch, 0.7)
     for i, g in enumerate(groups):
         n = len(g.responses[0].token_ids)
         torch.testing.assert_close(rescored[i, :n], sampler_logp[i, :n], atol=2e-3, rtol=1e-3)

@@ -89,8 +89,6 @@ class Algorithm(abc.ABC):
     name: ClassVar[str] = "base"
     #: True when :meth:`policy_loss` reads ``ref_logprobs`` (the trainer then keeps a frozen reference model).
     needs_reference: ClassVar[bool] = False
-    #: True when every response of a group must land in the same mini-batch (GVPO's zero-sum weights).
-    keep_groups_whole: ClassVar[bool] = False
     #: True when the objective has no importance ratio, i.e. is exact only on-policy (one update per rollout).
     on_policy_only: ClassVar[bool] = False
 

@@ -18,8 +18,8 @@ Choices, written down:
 * Several groups in one mini-batch: the loss is the mean over groups of the per-group loss above, so the learning rate
   does not depend on how many groups a mini-batch holds. For one group it is exactly Listing 1.
 * Groups of one response have no zero-sum weights and contribute nothing (their k - 1 = 0 would divide by zero).
-* Whole groups must be in one mini-batch (footnote 3 of §A.2); ``keep_groups_whole`` tells the trainer, and the loss
-  refuses a batch whose advantages do not sum to zero per group, which is how a split group shows.
+* Whole groups must be in one mini-batch (footnote 3 of §A.2). Every mmrl backend keeps groups whole for every
+  objective; the loss refuses a batch whose advantages do not sum to zero per group, which is how a split group shows.
 * No std normalisation (footnote 2 of §3.5), no importance ratio, no clip, no reference model: the KL constraint to
   π_θ' is in the weights themselves.
 * Off-policy π_s (Theorem 3.2, Fig. 4): the trainer's ``rollout.replay_historical`` mixes historical responses of the
@@ -59,8 +59,6 @@ def gvpo_weights(seq_logprobs: Tensor, seq_old_logprobs: Tensor, advantages: Ten
 @dataclasses.dataclass(frozen=True)
 class GVPO(Algorithm):
     beta: float = 0.1
-
-    keep_groups_whole = True
 
     def validate(self) -> None:
         if self.beta <= 0:

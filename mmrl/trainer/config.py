@@ -121,7 +121,7 @@ def _section_fields(section: str) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _coerce(where: str, value: Any, annotation: Any, default: Any) -> Any:
+def _coerce(where: str, value: Any, default: Any) -> Any:
     """Convert a YAML/CLI value to the field's type, or raise ValueError naming the field."""
     if isinstance(value, str) and not isinstance(default, str):
         value = parse_scalar(value)
@@ -185,7 +185,7 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
         fields = _section_fields(section)
         obj = getattr(cfg, section)
         if field in fields and field not in OPEN_SECTIONS.values():
-            setattr(obj, field, _coerce(key, value, fields[field].type, getattr(obj, field)))
+            setattr(obj, field, _coerce(key, value, getattr(obj, field)))
         elif section in OPEN_SECTIONS:
             extra = getattr(obj, OPEN_SECTIONS[section])
             extra[field] = parse_scalar(value) if isinstance(value, str) else value

@@ -177,31 +177,14 @@ class Trainer:
         temperature = self.cfg.rollout.temperature
         micro = self.cfg.optim.micro_batch_size or 64
         with self.autocast():
-            if self.is_moe:
-                batch.old_logprobs, batch.routing = self.old_logprobs_and_routing(batch, micro)
-            else:
-                batch.old_logprobs = batch_logprobs(self.model, batch, temperature, micro)
+            batch.old_logprobs, batch.routing = batch_logprobs(self.model, batch, temperature, micro,
+                                                               record_routing=self.is_moe)
             if self.ref_model is not None:
-                batch.ref_logprobs = batch_logprobs(self.ref_model, batch, temperature, micro)
+                batch.ref_logprobs, _ = batch_logprobs(self.ref_model, batch, temperature, micro)
         batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
         stats = self.algo.batch_stats(batch.rewards, batch.group_ids, batch.advantages, batch.old_logprobs,
                                       batch.response_mask)
         return batch, stats
-
-    @torch.no_grad()
-    def old_logprobs_and_routing(self, batch: RolloutBatch, micro: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """π_old log-probs of an MoE, recording every token's experts (the rollout routing that replay reuses)."""
-        parts, routing = [], []
-        width = batch.input_ids.shape[1]
-        self.model.eval()
-        for start in range(0, batch.size, micro):
-            rows = torch.arange(start, min(start + micro, batch.size))
-            hooks = moe.RouterHooks(self.model, (len(rows), width))
-            with hooks.active():
-                parts.append(response_logprobs(self.model, batch, self.cfg.rollout.temperature, rows=rows)[0].cpu())
-            routing.append(hooks.routing_cpu())
-        self.model.train()
-        return torch.cat(parts), [torch.cat(layer) for layer in zip(*routing, strict=True)]
 
     def moe_forward(self, batch: RolloutBatch, rows: torch.Tensor, sub: RolloutBatch):
         """Training forward of an MoE: optional routing replay, router losses and routing metrics."""
@@ -516,6 +499,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if cfg.run.overwrite and not cfg.run.resume and (run_dir / "checkpoints").exists():
         shutil.rmtree(run_dir / "checkpoints")  # a fresh run must never resume or prune into the old one's
     run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("task %s: %s", task.name, task.description)
     if cfg.run.resume:
         trainer.restore(existing)
         log.info("resumed from %s at step %d", existing, trainer.step)

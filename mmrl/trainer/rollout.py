@@ -8,10 +8,12 @@ being scored; only ``top_p < 1`` (explicitly asked for) makes them differ.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
 
+from mmrl import moe
 from mmrl.batch import Group, Response, RolloutBatch
 from mmrl.rewards.base import Reward
 
@@ -129,12 +131,21 @@ def response_logprobs(model, batch: RolloutBatch, temperature: float, with_entro
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: RolloutBatch, temperature: float, micro_batch: int = 64) -> torch.Tensor:
-    """Log-probs of every response in ``batch`` (on the CPU), ``micro_batch`` rows per forward."""
+def batch_logprobs(model, batch: RolloutBatch, temperature: float, micro_batch: int = 64,
+                   record_routing: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """Log-probs of every response in ``batch`` (on the CPU), ``micro_batch`` rows per forward; with
+    ``record_routing`` (MoE) also every token's experts, ``[N, P + T, k]`` per router layer (what replay reuses)."""
     was_training = model.training
     model.eval()
     step = micro_batch or batch.size
-    parts = [response_logprobs(model, batch, temperature, rows=torch.arange(i, min(i + step, batch.size)))[0].cpu()
-             for i in range(0, batch.size, step)]
+    width = batch.input_ids.shape[1]
+    parts, routing = [], []
+    for start in range(0, batch.size, step):
+        rows = torch.arange(start, min(start + step, batch.size))
+        hooks = moe.RouterHooks(model, (len(rows), width))
+        with hooks.active() if record_routing else contextlib.nullcontext():
+            parts.append(response_logprobs(model, batch, temperature, rows=rows)[0].cpu())
+        routing.append(hooks.routing_cpu())
     model.train(was_training)
-    return torch.cat(parts)
+    layers = [torch.cat(layer) for layer in zip(*routing, strict=True)] if record_routing else None
+    return torch.cat(parts), layers
