@@ -1,13 +1,18 @@
-"""ALFWorld success rate after an SFT warm-start, then RL: ``gmpo`` vs ``grpo`` from the same warm-started model, same
-seeds, same budget, on the real TextWorld engine with the embedded agent model.
+"""ALFWorld success after an SFT warm-start on the explorer's demonstrations, then RL: ``gmpo`` vs ``grpo`` from the
+same warm-started model, same seeds, same budget, on the real TextWorld engine with the embedded agent model.
 
-1. Warm start (once per seed): behaviour cloning on the training games' expert walkthroughs (``--sft-steps``), then
-   held-out success of the untrained model and of the warm-started one.
+1. Warm start (once per seed): behaviour cloning of :class:`mmrl.envs.alfworld.explorer.Explorer` (a scripted player
+   that searches, acting only on what the model sees), ``--demos-per-row`` differently seeded demonstrations per
+   training game, rendered through the real env by the trainer's episode driver. ``--sft-steps`` steps in chunks of
+   ``--sft-eval-every`` (each chunk is one ``sft_warmup`` call, i.e. what ``--sft-warmup N`` runs, its batches drawn
+   with the chunk's offset as seed), with held-out success after each chunk. ``--init-model`` starts it from a saved
+   model (a longer warm-up in two runs).
 2. RL from that checkpoint for each algorithm (``--rl-steps``), held-out success every ``--eval-every`` steps.
 
-Prints a table, writes JSON and a PNG of the held-out success curves to ``--out``.
+Held-out success is measured greedily (one episode per game, ``--eval-temperature 0``) and, for the warm start, also
+sampled at the RL rollout temperature. Prints tables, writes JSON and a PNG of the curves to ``--out``.
 
-    python benchmarks/alfworld.py [--sft-steps 150] [--rl-steps 4] [--seeds 0] [--algos gmpo,grpo] [--threads 1]
+    python benchmarks/alfworld.py [--sft-steps 1500] [--rl-steps 15] [--seeds 0] [--algos gmpo,grpo] [--threads 2]
 """
 
 from __future__ import annotations
@@ -32,69 +37,103 @@ from mmrl.envs.alfworld.tasks import TASK_TYPES, official_task_type  # noqa: E40
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.tasks.alfworld import ALFWORLD_DEFAULTS  # noqa: E402
-from mmrl.trainer.config import TrainConfig, apply_overrides  # noqa: E402
 from mmrl.trainer.evaluate import evaluate_episodes  # noqa: E402
-from mmrl.trainer.local import warm_up  # noqa: E402
+from mmrl.trainer.sft import render_demonstrations, sft_warmup  # noqa: E402
 
 EVAL_KEYS = ("pass@1", "valid_action_rate", "format_rate", "episode_length")
 
 
-def held_out(model, tokenizer, task, cfg: TrainConfig) -> dict:
-    r = cfg.rollout
-    return evaluate_episodes(model, tokenizer, task, k=cfg.run.eval_samples, temperature=cfg.run.eval_temperature,
-                             max_new_tokens=r.max_new_tokens, max_episode_tokens=r.max_episode_tokens,
-                             seed=cfg.run.seed, batch_size=r.generation_batch_size)
+def held_out(model, tokenizer, task, args, temperature: float) -> dict:
+    """Success on the task's held-out games: greedy (1 episode per game) or sampled (``--eval-samples`` each)."""
+    result = evaluate_episodes(model, tokenizer, task, k=args.eval_samples, temperature=temperature,
+                               max_new_tokens=ALFWORLD_DEFAULTS["rollout.max_new_tokens"],
+                               max_episode_tokens=ALFWORLD_DEFAULTS["rollout.max_episode_tokens"], seed=0,
+                               batch_size=64)
+    model.train()  # evaluation leaves the model in eval mode; the warm-up continues in train mode
+    return {k: v for k, v in result.items() if isinstance(v, float)}
 
 
-def warm_start(overrides: dict, out: Path, evaluate_untrained: bool, reuse: bool) -> tuple[Path, dict, dict, float]:
-    """(warm-started model dir, held-out result before, after, seconds) for one seed; ``reuse``: an earlier run's."""
+def short(result: dict) -> str:
+    return ", ".join(f"{k} {result[k]:.3f}" for k in EVAL_KEYS if k in result)
+
+
+def warm_start(args, games: Path, seed: int, out: Path) -> tuple[Path, dict]:
+    """The warm-started model's directory and the warm-up's record (curve, final evaluations, seconds)."""
     saved = out / "warm_start.json"
-    if reuse and saved.is_file():
-        before, after, seconds = json.loads(saved.read_text())
-        return out / "model", before, after, seconds
-    cfg = TrainConfig()
-    apply_overrides(cfg, overrides, "benchmark")
-    task = get_task("alfworld", **cfg.task.options)
-    tokenizer = load_tokenizer(cfg.model.name)
-    torch.manual_seed(cfg.run.seed)
-    model = load_model(cfg.model.name)
-    before = held_out(model, tokenizer, task, cfg) if evaluate_untrained else {"pass@1": None}
+    if args.reuse_warm_start and saved.is_file():
+        return out / "model", json.loads(saved.read_text())
+    options = task_options(args, games)
+    seen = get_task("alfworld", **options)
+    unseen = get_task("alfworld", **{**options, "eval_split": "valid_unseen"})
+    tokenizer = load_tokenizer(args.init_model)
+    torch.manual_seed(seed)
+    model = load_model(args.init_model)
     start = time.perf_counter()
-    warm_up(cfg, task, tokenizer, model, out, autocast=None)
-    seconds = time.perf_counter() - start
-    after = held_out(model, tokenizer, task, cfg)
+    demos = render_demonstrations(seen, tokenizer, seen.train, ALFWORLD_DEFAULTS["rollout.max_episode_tokens"],
+                                  seed=seed, per_row=args.demos_per_row)
+    tokens = [len(g.prompt_ids) + len(g.responses[0].token_ids) for g in demos]
+    record = {"demonstrations": len(demos), "demo_tokens_mean": sum(tokens) / len(tokens),
+              "render_seconds": time.perf_counter() - start, "curve": [], "losses": []}
+    print(f"seed {seed}: {len(demos)} demonstrations, {record['demo_tokens_mean']:.0f} tokens on average, rendered "
+          f"in {record['render_seconds']:.0f} s", flush=True)
+    done, sft_seconds = 0, 0.0
+    while done < args.sft_steps:
+        n = min(args.sft_eval_every, args.sft_steps - done)
+        t0 = time.perf_counter()
+        record["losses"] += sft_warmup(model, demos, tokenizer.pad_token_id, n, args.sft_lr, args.sft_batch,
+                                       seed=done)
+        sft_seconds += time.perf_counter() - t0
+        done += n
+        greedy = held_out(model, tokenizer, seen, args, 0.0)
+        record["curve"].append((done, greedy["pass@1"], greedy["valid_action_rate"]))
+        print(f"  sft step {done}: loss {sum(record['losses'][-n:]) / n:.3f}, held-out greedy: {short(greedy)} "
+              f"({sft_seconds:.0f} s of SFT)", flush=True)
+    record["sft_seconds"] = sft_seconds
+    record["final"] = {f"{split}/{mode}": held_out(model, tokenizer, task, args, temperature)
+                       for split, task in (("valid_seen", seen), ("valid_unseen", unseen))
+                       for mode, temperature in (("greedy", 0.0), ("sampled", args.temperature))}
     target = out / "model"
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
-    saved.write_text(json.dumps([before, after, seconds]))
-    return target, before, after, seconds
+    saved.write_text(json.dumps(record))
+    return target, record
+
+
+def task_options(args, games: Path) -> dict:
+    return {"games_root": str(games), "task_types": args.task_types, "max_steps": args.max_steps,
+            "max_eval_games": 0}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sft-steps", type=int, default=150)
-    parser.add_argument("--sft-lr", type=float, default=3e-3)
-    parser.add_argument("--sft-batch", type=int, default=4, help="demonstrations per SFT step")
-    parser.add_argument("--rl-steps", type=int, default=4)
-    parser.add_argument("--eval-every", type=int, default=4)
-    parser.add_argument("--games-per-step", type=int, default=2, help="groups per RL step (4 episodes each)")
-    parser.add_argument("--eval-untrained", action="store_true", help="also evaluate the model before the warm-up")
-    parser.add_argument("--reuse-warm-start", action="store_true", help="reuse the warm-started model of an earlier "
-                                                                        "run in --out (RL phase only)")
+    parser.add_argument("--init-model", default=ALFWORLD_DEFAULTS["model.name"],
+                        help="model the warm-up starts from (default: the embedded agent model)")
+    parser.add_argument("--sft-steps", type=int, default=1500)
+    parser.add_argument("--sft-eval-every", type=int, default=300)
+    parser.add_argument("--sft-lr", type=float, default=2e-3)
+    parser.add_argument("--sft-batch", type=int, default=8, help="demonstrations per SFT step")
+    parser.add_argument("--demos-per-row", type=int, default=4, help="explorer demonstrations per training game")
+    parser.add_argument("--reuse-warm-start", action="store_true",
+                        help="reuse the warm-started model of an earlier run in --out (RL phase only)")
+    parser.add_argument("--rl-steps", type=int, default=15)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--games-per-step", type=int, default=4, help="groups per RL step")
+    parser.add_argument("--group-size", type=int, default=4, help="episodes per game (group) in RL")
+    parser.add_argument("--temperature", type=float, default=0.7, help="RL rollout temperature")
+    parser.add_argument("--rl-lr", type=float, default=2e-4)
     parser.add_argument("--epochs", type=int, default=2,
                         help="update epochs per rollout: with 1, GMPO and GRPO take the same gradient (ratio 1)")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--algos", default="gmpo,grpo")
     parser.add_argument("--n-per-type", type=int, default=48, help="generated training games per task type")
-    parser.add_argument("--n-eval-per-type", type=int, default=6, help="generated held-out games per type and split")
+    parser.add_argument("--n-eval-per-type", type=int, default=12, help="generated held-out games per type and split")
     parser.add_argument("--task-types", default="pick_and_place,look_at_obj_in_light",
                         help="comma-separated subset of the six types ('' = all six)")
     parser.add_argument("--receptacles", type=int, default=5, help="receptacles per generated room")
     parser.add_argument("--distractors", type=int, default=2, help="objects per room besides the task's own")
-    parser.add_argument("--max-steps", type=int, default=10, help="env steps per episode")
-    parser.add_argument("--eval-games", type=int, default=8)
-    parser.add_argument("--eval-samples", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared machine)")
+    parser.add_argument("--max-steps", type=int, default=15, help="env steps per episode")
+    parser.add_argument("--eval-samples", type=int, default=2, help="episodes per held-out game when sampling")
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/alfworld")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -105,55 +144,55 @@ def main() -> None:
         generate_games(games, n_per_type=args.n_per_type, n_eval_per_type=args.n_eval_per_type, seed=0,
                        task_types=types, n_receptacles=args.receptacles, n_distractors=args.distractors)
         (games / "COMPLETE").write_text("done\n")
-    base = {**ALFWORLD_DEFAULTS, "task.name": "alfworld", "task.games_root": str(games),
-            "task.task_types": args.task_types,
-            "task.max_steps": args.max_steps, "task.max_eval_games": args.eval_games, "model.threads": args.threads,
-            "run.eval_samples": args.eval_samples, "sft.steps": args.sft_steps, "sft.lr": args.sft_lr,
-            "sft.batch_size": args.sft_batch, "rollout.prompts_per_step": args.games_per_step,
-            "optim.epochs": args.epochs}
-    rows, curves = [], {}
+    base = {**ALFWORLD_DEFAULTS, "task.name": "alfworld", "model.threads": args.threads,
+            **{f"task.{k}": v for k, v in task_options(args, games).items()},
+            "run.eval_temperature": 0.0, "rollout.temperature": args.temperature, "optim.lr": args.rl_lr,
+            "rollout.prompts_per_step": args.games_per_step, "rollout.samples_per_prompt": args.group_size,
+            "optim.epochs": args.epochs, "sft.steps": 0}
+    warm_rows, rl_rows, curves = [], [], {}
     for seed in map(int, args.seeds.split(",")):
-        warm_dir, before, after, sft_seconds = warm_start({**base, "run.seed": seed}, out / f"sft-seed{seed}",
-                                                          args.eval_untrained, args.reuse_warm_start)
-        print(f"seed {seed}: held-out success {before['pass@1']} untrained -> {after['pass@1']:.3f} after "
-              f"{args.sft_steps} SFT steps ({sft_seconds:.0f} s): {json.dumps(after)}", flush=True)
-        rows.append({"algorithm": "sft", "seed": seed, "steps": args.sft_steps, "seconds": sft_seconds,
-                     "untrained_success": before["pass@1"],
-                     **{f"eval_{k}": after[k] for k in EVAL_KEYS},
-                     **{f"eval_{k}": v for k, v in after.items() if k.startswith("success/")}})
+        warm_dir, record = warm_start(args, games, seed, out / f"sft-seed{seed}")
+        warm_rows.append({"seed": seed, "steps": args.sft_steps, "seconds": record["sft_seconds"],
+                          **{k: v["pass@1"] for k, v in record["final"].items()},
+                          "valid_action (seen, greedy)": record["final"]["valid_seen/greedy"]["valid_action_rate"]})
+        curves[("sft", seed)] = [(s, p) for s, p, _ in record["curve"]]
+        start_success = record["final"]["valid_seen/greedy"]["pass@1"]
         for algo in args.algos.split(","):
-            overrides = {**base, "model.name": str(warm_dir), "algo.name": algo, "sft.steps": 0, "run.seed": seed,
+            overrides = {**base, "model.name": str(warm_dir), "algo.name": algo, "run.seed": seed,
                          "run.steps": args.rl_steps, "run.eval_every": args.eval_every}
             records, last, wall = run_config(overrides, out / "runs" / f"{algo}-seed{seed}")
-            curve = [(0, after["pass@1"])] + [(r["step"] + 1, r["eval/pass@1"]) for r in records
-                                               if "eval/pass@1" in r]
+            curve = [(0, start_success)] + [(r["step"] + 1, r["eval/pass@1"]) for r in records
+                                            if "eval/pass@1" in r]
             curves[(algo, seed)] = curve
-            rows.append({"algorithm": algo, "seed": seed, "steps": args.rl_steps, "seconds": wall,
-                         "untrained_success": before["pass@1"],
-                         **{f"eval_{k}": last.get(f"eval/{k}") for k in EVAL_KEYS},
-                         "train_success_first": records[0]["success_rate"],
-                         "train_success_last": records[-1]["success_rate"],
-                         **{f"eval_{k[5:]}": v for k, v in last.items() if k.startswith("eval/success/")}})
-    columns = ["algorithm", "seed", "steps", "seconds", "untrained_success", "eval_pass@1", "eval_valid_action_rate",
-               "eval_format_rate", "eval_episode_length", "train_success_first", "train_success_last"]
-    print(" | ".join(columns))
-    for row in rows:
-        cells = [row.get(c, "") for c in columns]
-        print(" | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in cells))
+            rl_rows.append({"algorithm": algo, "seed": seed, "steps": args.rl_steps, "seconds": wall,
+                            "held-out greedy, start": start_success, "held-out greedy, end": curve[-1][1],
+                            "best": max(p for _, p in curve),
+                            "train success, first 3 steps": sum(r["success_rate"] for r in records[:3]) / 3,
+                            "train success, last 3 steps": sum(r["success_rate"] for r in records[-3:]) / 3,
+                            "valid action, last step": records[-1]["valid_action_rate"]})
+    for title, rows in (("warm start (held-out pass@1)", warm_rows), ("RL from the warm start", rl_rows)):
+        print(f"\n{title}")
+        columns = list(rows[0])
+        print(" | ".join(columns))
+        for row in rows:
+            print(" | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
     out.mkdir(parents=True, exist_ok=True)
     meta = {"machine": platform.platform(), "threads": args.threads, "args": vars(args)}
-    (out / "alfworld.json").write_text(json.dumps({"meta": meta, "rows": rows,
+    (out / "alfworld.json").write_text(json.dumps({"meta": meta, "warm_start": warm_rows, "rl": rl_rows,
                                                    "curves": {f"{a}-seed{s}": c for (a, s), c in curves.items()}},
                                                   indent=2))
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (algo, seed), curve in curves.items():
-        ax.plot([p[0] for p in curve], [p[1] for p in curve], marker="o", label=f"{algo} seed {seed}")
-    ax.set_xlabel("RL step (0 = after SFT warm-start)")
-    ax.set_ylabel("held-out success rate")
-    ax.set_title("ALFWorld, embedded agent model")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for (name, seed), curve in curves.items():
+        ax = left if name == "sft" else right
+        ax.plot([p[0] for p in curve], [p[1] for p in curve], marker="o", label=f"{name} seed {seed}")
+    left.set_xlabel("SFT step")
+    right.set_xlabel("RL step (0 = the warm-started model)")
+    for ax in (left, right):
+        ax.set_ylabel("held-out success (greedy)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("ALFWorld (generated games), embedded agent model")
     fig.tight_layout()
     fig.savefig(out / "alfworld.png", dpi=90)
     print(f"wrote {out / 'alfworld.json'} and {out / 'alfworld.png'}")

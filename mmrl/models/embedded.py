@@ -17,11 +17,11 @@
 pre-trained on the bundled CountDown task (two numbers, + - *) with the load-balancing loss on, as MoE pre-training
 does (training split only; held-out pass@1 0.45 with k = 64); its tokenizer also sees CountDown prompts.
 
-``embedded:tiny-qwen2-agent`` (the default of ``--task alfworld``): a Qwen2 (hidden 64, 4 layers, ~0.3 M parameters)
+``embedded:tiny-qwen2-agent`` (the default of ``--task alfworld``): a Qwen2 (hidden 128, 4 layers, ~1.1 M parameters)
 with a long context (4096 positions) and a 1024-token BPE trained on ALFWorld's vocabulary (the engine's object and
 receptacle names, its observation and action phrasing, the agent prompt), so that an observation costs about one
-token per word rather than one per byte. It is not pre-trained: the ``--sft-warmup`` on expert walkthroughs is its
-pre-training.
+token per word rather than one per byte. It is not pre-trained: the ``--sft-warmup`` on the explorer's demonstrations
+(mmrl/envs/alfworld/explorer.py) is its pre-training.
 
 Results are cached under ``$MMRL_CACHE`` (default ``~/.cache/mmrl``) keyed by each recipe's version.
 """
@@ -40,7 +40,7 @@ import torch
 RECIPE_VERSION = "tiny-qwen2-v3"
 EMBEDDED_NAME = "embedded:tiny-qwen2"
 MOE_RECIPE_VERSION = "tiny-qwen3-moe-v2"
-AGENT_RECIPE_VERSION = "tiny-qwen2-agent-v1"
+AGENT_RECIPE_VERSION = "tiny-qwen2-agent-v2"
 EMBEDDED_AGENT_NAME = "embedded:tiny-qwen2-agent"
 EMBEDDED_MOE_NAME = "embedded:tiny-qwen3-moe"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -203,7 +203,8 @@ def _build_agent():
     from mmrl.models.agent_corpus import alfworld_corpus
 
     tokenizer = train_tokenizer(vocab_size=1024, corpus=alfworld_corpus)
-    return tiny_qwen2(tokenizer, hidden=64, layers=4, max_positions=4096), tokenizer
+    # hidden 128: v1 (hidden 64, 0.3 M) never learnt to copy admissible commands (docs/alfworld.md)
+    return tiny_qwen2(tokenizer, hidden=128, layers=4, max_positions=4096), tokenizer
 
 
 MOE_PRETRAIN_STEPS = 150

@@ -6,9 +6,15 @@ Rows are games: ``{"game": path, "task_type": ...}`` from a generated set (built
 env renders the prompt (task, observation, admissible actions), parses ``<action>…</action>`` from the model's raw
 text and pays 10·won at the end minus ``invalid_action_penalty`` per step without a well-formed action.
 
-Demonstrations for the SFT warm-up come from each game's expert walkthrough (the planner's solution stored in the
-game file), rendered as ``<think>the task</think><action>step</action>`` turns: restating the task each turn keeps
-the goal's object and receptacle names next to the tokens that must copy them, which is what a tiny model needs.
+Demonstrations for the SFT warm-up (``expert``):
+
+- ``explorer`` (default): :class:`mmrl.envs.alfworld.explorer.Explorer`, a scripted player that acts only on what the
+  model sees (it searches unvisited receptacles in a seeded order, opens closed ones, takes the target when in sight,
+  remembers where things are), with a short ``<think>`` naming its sub-goal ("find keychain", "put keychain in
+  drawer"). It is imitable: every decision is a function of the episode's text.
+- ``walkthrough``: the planner's solution stored in the game file, ``<think>the task</think><action>step</action>``.
+  The planner knows where everything is, so cloning it teaches walking to places a player cannot know about; kept
+  for comparison (benchmarks/alfworld.py measured it: no held-out game won).
 
 Nothing here imports the engine at module import: ``alfworld`` is an optional extra (``pip install mmrl[alfworld]``).
 """
@@ -16,6 +22,7 @@ Nothing here imports the engine at module import: ``alfworld`` is an optional ex
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -65,6 +72,35 @@ def expert_text(goal: str, action: str) -> str:
     return f"<think>{goal}</think><action>{action}</action>"
 
 
+EXPERTS = ("explorer", "walkthrough")
+
+
+def explorer_player(game_path: str, seed: int):
+    """An :class:`Explorer` for one episode as an SFT player: (observation, info) -> turn text."""
+    from mmrl.envs.alfworld.explorer import Explorer
+
+    explorer = Explorer.for_game(game_path, random.Random(seed))
+
+    def play(observation: str, info: dict[str, Any]) -> str:
+        think, command = explorer.act(info.get("feedback", ""), list(info.get("admissible_actions", [])))
+        return expert_text(think, command)
+
+    return play
+
+
+def walkthrough_player(game_path: str, seed: int):
+    """The planner's walkthrough, one command per turn, each with the task sentence as its think."""
+    steps, goal = walkthrough(game_path), []
+
+    def play(observation: str, info: dict[str, Any]) -> str:
+        if not goal:
+            goal.append(str(info.get("task", "")) or goal_of(observation))
+        turn = int(info.get("step", 0))
+        return expert_text(goal[0], steps[turn]) if turn < len(steps) else ""
+
+    return play
+
+
 def _rows(games) -> list[dict[str, Any]]:
     return [{"game": str(g.path), "task_type": g.task_type} for g in games]
 
@@ -73,17 +109,20 @@ def _rows(games) -> list[dict[str, Any]]:
 def alfworld_task(games_root: str = "", n_per_type: int = 8, n_eval_per_type: int = 2, train_split: str = "train",
                   eval_split: str = "valid_seen", max_eval_games: int = 12, max_steps: int = 15,
                   history_length: int = 2, invalid_action_penalty: float = 0.1, task_types: str = "",
-                  seed: int = 0) -> EnvTask:
+                  expert: str = "explorer", seed: int = 0) -> EnvTask:
     """``games_root``: "" builds (once) the generated set into the cache, ``n_per_type`` training games and
     ``n_eval_per_type`` games of each held-out split per task type (six types); a path (or ``$ALFWORLD_DATA``) reads a
     tree in the official layout. ``max_eval_games``: held-out games used by evaluation (0 = all). ``task_types``: a
-    comma-separated subset of the six types (official or short names), "" = all."""
+    comma-separated subset of the six types (official or short names), "" = all. ``expert``: who the SFT warm-up
+    imitates, ``explorer`` (searches like a player) or ``walkthrough`` (the planner's privileged solution)."""
     try:
         from mmrl.envs.alfworld import AlfWorldEnv, ensure_games, list_games
     except ImportError as exc:
         raise ValueError(f"task alfworld needs the ALFWorld engine (pip install 'mmrl[alfworld]'): {exc}") from exc
     if max_steps < 1:
         raise ValueError(f"task.max_steps must be >= 1, got {max_steps}")
+    if expert not in EXPERTS:
+        raise ValueError(f"task.expert must be one of {EXPERTS}, got {expert!r}")
     if n_per_type < 1 or n_eval_per_type < 1:
         raise ValueError(f"task.n_per_type and task.n_eval_per_type must be >= 1, got {n_per_type}, {n_eval_per_type}")
     try:
@@ -100,12 +139,12 @@ def alfworld_task(games_root: str = "", n_per_type: int = 8, n_eval_per_type: in
         return {"game_path": row["game"], "max_steps": max_steps, "history_length": history_length,
                 "invalid_action_penalty": invalid_action_penalty}
 
-    def expert_turns(row: dict[str, Any], first_observation: str) -> list[str]:
-        goal = goal_of(first_observation)
-        return [expert_text(goal, action) for action in walkthrough(row["game"])]
+    def expert_player(row: dict[str, Any], player_seed: int):
+        make = explorer_player if expert == "explorer" else walkthrough_player
+        return make(row["game"], player_seed)
 
     types = sorted({g.task_type for g in train})
     return EnvTask("alfworld", train=_rows(train), eval=_rows(held_out), env_class=AlfWorldEnv, env_kwargs=env_kwargs,
-                   expert_turns=expert_turns,
+                   expert=expert_player,
                    description=f"ALFWorld on TextWorld: {len(train)} {train_split} games, {len(held_out)} held-out "
                                f"({eval_split}); task types {', '.join(types)}; max_steps {max_steps}")

@@ -67,10 +67,11 @@ class EnvTask:
     ``env_class`` is a picklable (module-level) TextEnv class or function and ``env_kwargs(row)`` its keyword
     arguments, so that an :class:`mmrl.envs.pool.EnvPool` can build the same env in a worker process.
 
-    A group is n episodes of the same row and reset seed (identical starts). ``expert_turns(row, first_observation)``,
-    when the task has demonstrations, gives the text an expert emits at each turn (the SFT warm-up plays them through
-    the real env, so the demonstration is rendered exactly as a rollout). ``accuracy_key``/``format_key`` name the
-    episode reward components reported as success rate and format rate.
+    A group is n episodes of the same row and reset seed (identical starts). ``expert(row, seed)``, when the task has
+    demonstrations, returns a fresh scripted player for one episode: a function from the env's (observation, info)
+    after reset and after every step to the turn text it emits (the SFT warm-up plays it through the real env, so a
+    demonstration is rendered exactly as a rollout; ``seed`` varies the player between demonstrations of one row).
+    ``accuracy_key``/``format_key`` name the episode reward components reported as success rate and format rate.
     """
 
     multi_turn: ClassVar[bool] = True
@@ -79,7 +80,7 @@ class EnvTask:
     eval: list[dict[str, Any]]
     env_class: Callable[..., Any]  # (**env_kwargs(row)) -> mmrl.envs.base.TextEnv
     env_kwargs: Callable[[dict[str, Any]], dict[str, Any]]
-    expert_turns: Callable[[dict[str, Any], str], list[str]] | None = None
+    expert: Callable[[dict[str, Any], int], Callable[[str, dict[str, Any]], str]] | None = None
     system_prompt: str | None = None
     accuracy_key: str = "success"
     format_key: str | None = "format"

@@ -90,6 +90,7 @@ class SFTConfig:
     lr: float = 1e-3
     batch_size: int = 8  # demonstrations (episodes) per step
     demos: int = 0  # training rows rendered as demonstrations; 0 = all
+    demos_per_row: int = 1  # demonstrations per row, each from a differently seeded expert
 
 
 @dataclasses.dataclass
@@ -280,6 +281,7 @@ def validate(cfg: TrainConfig) -> None:
         ("sft.lr", cfg.sft.lr > 0, "must be > 0"),
         ("sft.batch_size", cfg.sft.batch_size >= 1, "must be >= 1"),
         ("sft.demos", cfg.sft.demos >= 0, "must be >= 0"),
+        ("sft.demos_per_row", cfg.sft.demos_per_row >= 1, "must be >= 1"),
         ("run.steps", cfg.run.steps >= 1, "must be >= 1"),
         ("run.checkpoint_every", cfg.run.checkpoint_every >= 0, "must be >= 0"),
         ("run.keep_checkpoints", cfg.run.keep_checkpoints >= 1, "must be >= 1"),

@@ -108,6 +108,7 @@ class Episode:
     sampler_logprobs: list[float | None] = dataclasses.field(default_factory=list)  # per token_ids (None: env)
     actions: list[str] = dataclasses.field(default_factory=list)  # the model's raw turn texts
     observations: list[str] = dataclasses.field(default_factory=list)  # the env's texts: first prompt, then feedback
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)  # the env's info of the last reset / step
     rewards: list[float] = dataclasses.field(default_factory=list)  # per env step
     valid_actions: int = 0
     well_formed: int = 0
@@ -196,6 +197,7 @@ async def _reset(ep: Episode, renderer: TurnRenderer, max_tokens: int, timeout: 
         return
     observation, info = result
     ep.observations.append(observation)
+    ep.info = info
     ep.task_type = str(info.get("task_type", ""))
     ep.prompt_ids = renderer.prompt_ids(observation)
     if len(ep.prompt_ids) >= max_tokens:
@@ -210,6 +212,7 @@ async def _step(ep: Episode, turn: Turn, renderer: TurnRenderer, stop_text: str 
         return
     info = result.info
     ep.observations.append(result.observation)
+    ep.info = info
     ep.rewards.append(float(result.reward))
     ep.valid_actions += bool(info.get("action_valid", False))
     ep.well_formed += bool(info.get("format_ok", False))

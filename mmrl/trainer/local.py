@@ -573,7 +573,8 @@ def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, run_dir: Path, au
     s = cfg.sft
     rows = task.train[: s.demos] if s.demos else task.train
     t0 = time.perf_counter()
-    demos = render_demonstrations(task, tokenizer, rows, cfg.rollout.max_episode_tokens, seed=cfg.run.seed)
+    demos = render_demonstrations(task, tokenizer, rows, cfg.rollout.max_episode_tokens, seed=cfg.run.seed,
+                                  per_row=s.demos_per_row)
     log.info("sft warm-up: %d demonstrations rendered in %.1f s; %d steps", len(demos), time.perf_counter() - t0,
              s.steps)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,20 +1,21 @@
 """Supervised warm-start of an agent on expert demonstrations (``--sft-warmup STEPS``), before RL.
 
 A tiny model cannot act from scratch: with rewards only on a win, RL from random actions finds no signal. So the run
-first clones the games' expert walkthroughs. Each demonstration is *played through the real env* by a scripted
-policy that emits the expert's turn texts (the task's ``expert_turns(row, first_observation)``, e.g.
+first clones a scripted expert. Each demonstration is *played through the real env* by the task's expert player
+(``expert(row, seed)``: from the env's observation and info to the turn text, e.g.
 ``<think>…</think><action>…</action>``) with the same :func:`~mmrl.trainer.episodes.run_episodes` driver as RL
 rollouts, so a demonstration is token for token the sequence an RL episode that took those actions would be: same
 prompt, same feedback turns, same masks. The loss is the mean negative log-likelihood of the expert's tokens (loss
 mask 1), conditioned on everything before them.
 
-Only demonstrations that the env scores as won are kept (a walkthrough that does not win is a data bug, logged).
+Only demonstrations that the env scores as won are kept (the others are counted in a warning).
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -28,19 +29,15 @@ from mmrl.trainer.rollout import response_logprobs
 log = logging.getLogger("mmrl")
 
 
-def expert_policy(tokenizer, task: EnvTask, rows: dict[int, dict[str, Any]]):
-    """A policy that replays ``task.expert_turns(row, first_observation)`` turn by turn, each turn closed by the
-    tokenizer's stop token; ``rows[id(episode)]`` is each episode's row."""
+def expert_policy(tokenizer, players: dict[int, Callable[[str, dict[str, Any]], str]]):
+    """A policy where ``players[id(episode)]`` (the task's ``expert(row, seed)``) writes each episode's next turn
+    from the env's last observation and info; each turn is closed by the tokenizer's stop token."""
     stop = tokenizer.eos_token_id
-    scripts: dict[int, list[str]] = {}
 
     def policy(episodes: list[Episode]) -> list[Turn]:
         turns = []
         for ep in episodes:
-            if id(ep) not in scripts:  # the expert's text may depend on the start (e.g. the task's wording)
-                scripts[id(ep)] = task.expert_turns(rows[id(ep)], ep.observations[0])
-            script = scripts[id(ep)]
-            text = script[len(ep.actions)] if len(ep.actions) < len(script) else ""  # exhausted: an empty turn
+            text = players[id(ep)](ep.observations[-1], ep.info)
             turns.append(Turn(tokenizer(text, add_special_tokens=False)["input_ids"] + [stop], text, True))
         return turns
 
@@ -48,19 +45,21 @@ def expert_policy(tokenizer, task: EnvTask, rows: dict[int, dict[str, Any]]):
 
 
 def render_demonstrations(task: EnvTask, tokenizer, rows: list[dict[str, Any]], max_episode_tokens: int,
-                          seed: int = 0) -> list[Group]:
-    """Each row's expert demonstration as a one-response :class:`Group` (won episodes only)."""
-    if task.expert_turns is None:
+                          seed: int = 0, per_row: int = 1) -> list[Group]:
+    """``per_row`` expert demonstrations of each row (players seeded ``seed * per_row + k``), each as a
+    one-response :class:`Group`; won episodes only."""
+    if task.expert is None:
         raise ValueError(f"sft.steps > 0 but task {task.name!r} has no expert demonstrations")
     renderer = TurnRenderer(tokenizer, task.system_prompt)
-    episodes = [Episode(partial(task.make_env, row), seed=seed) for row in rows]
-    by_episode = {id(ep): row for ep, row in zip(episodes, rows, strict=True)}
-    run_episodes(episodes, renderer, expert_policy(tokenizer, task, by_episode), max_episode_tokens)
+    starts = [(row, seed * per_row + k) for row in rows for k in range(per_row)]
+    episodes = [Episode(partial(task.make_env, row), seed=seed) for row, _ in starts]
+    players = {id(ep): task.expert(row, player_seed) for ep, (row, player_seed) in zip(episodes, starts, strict=True)}
+    run_episodes(episodes, renderer, expert_policy(tokenizer, players), max_episode_tokens)
     groups = [Group(i, row, ep.prompt_ids, [ep.response()])
-              for i, (ep, row) in enumerate(zip(episodes, rows, strict=True)) if ep.won]
-    lost = [(row, ep.summary()) for ep, row in zip(episodes, rows, strict=True) if not ep.won]
-    for row, summary in lost[:5]:
-        log.warning("demonstration not won (left out): %s (%s)", row, summary)
+              for i, (ep, (row, _)) in enumerate(zip(episodes, starts, strict=True)) if ep.won]
+    lost = [(row, ep.summary()) for ep, (row, _) in zip(episodes, starts, strict=True) if not ep.won]
+    if lost:
+        log.warning("%d of %d demonstrations not won (left out), e.g. %s (%s)", len(lost), len(episodes), *lost[0])
     if not groups:
         raise ValueError(f"task {task.name!r}: no expert demonstration was won; cannot warm up")
     return groups
