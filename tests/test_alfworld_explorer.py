@@ -76,3 +76,34 @@ def test_a_game_without_a_readable_goal_is_an_error_naming_the_file(tmp_path):
     (tmp_path / "traj_data.json").write_text("{not json")
     with pytest.raises(ValueError, match="traj_data.json"):
         Goal.for_game(tmp_path / "game.tw-pddl")
+
+
+@pytest.mark.parametrize("expert", ["explorer", "walkthrough"])
+def test_demonstrations_render_won_episodes_through_the_episode_driver(alfworld_games, expert):
+    from mmrl.models import load_tokenizer
+    from mmrl.tasks import get_task
+    from mmrl.tasks.alfworld import walkthrough
+    from mmrl.trainer.sft import render_demonstrations
+
+    task = get_task("alfworld", n_per_type=1, n_eval_per_type=1, max_steps=40, expert=expert)
+    tokenizer = load_tokenizer("embedded:tiny-qwen2-agent")
+    demos = render_demonstrations(task, tokenizer, task.train, max_episode_tokens=4096, per_row=2)
+    assert len(demos) == 2 * len(task.train)  # every demonstration won
+    by_game: dict[str, list] = {}
+    for group in demos:
+        response = group.responses[0]
+        assert response.episode["won"] and response.episode["valid_action_rate"] == 1.0
+        by_game.setdefault(group.sample["game"], []).append(response)
+    if expert == "walkthrough":  # the planner's commands, the same for both seeds
+        for game, (first, second) in by_game.items():
+            assert first.token_ids == second.token_ids
+            assert first.text.count("<action>") == len(walkthrough(game))
+    else:  # differently seeded explorers search in different orders
+        assert any(first.token_ids != second.token_ids for first, second in by_game.values())
+
+
+def test_an_unknown_expert_is_a_config_error(alfworld_games):
+    from mmrl.tasks import get_task
+
+    with pytest.raises(ValueError, match="task.expert"):
+        get_task("alfworld", n_per_type=1, n_eval_per_type=1, expert="oracle")

@@ -144,7 +144,7 @@ def test_a_training_run_with_the_env_pool(tmp_path, small_config):
     assert last["env_failures"] == 0 and last["updates"] == 1 and last["episode_length"] >= 1
 
 
-def test_sft_warmup_lowers_the_loss_on_walkthrough_tokens(agent):
+def test_sft_warmup_lowers_the_loss_on_expert_tokens(agent):
     _, tok = agent
     model = load_model(AGENT)  # a fresh copy: the module's model stays untrained
     task = get_task("alfworld", **{**FAST, "max_steps": 20})  # long enough for every walkthrough to win

@@ -55,8 +55,8 @@ def render_demonstrations(task: EnvTask, tokenizer, rows: list[dict[str, Any]], 
     episodes = [Episode(partial(task.make_env, row), seed=seed) for row, _ in starts]
     players = {id(ep): task.expert(row, player_seed) for ep, (row, player_seed) in zip(episodes, starts, strict=True)}
     run_episodes(episodes, renderer, expert_policy(tokenizer, players), max_episode_tokens)
-    groups = [Group(i, row, ep.prompt_ids, [ep.response()])
-              for i, (ep, (row, _)) in enumerate(zip(episodes, starts, strict=True)) if ep.won]
+    groups = [Group(n // per_row, row, ep.prompt_ids, [ep.response()])  # sample_index: the row's position in rows
+              for n, (ep, (row, _)) in enumerate(zip(episodes, starts, strict=True)) if ep.won]
     lost = [(row, ep.summary()) for ep, (row, _) in zip(episodes, starts, strict=True) if not ep.won]
     if lost:
         log.warning("%d of %d demonstrations not won (left out), e.g. %s (%s)", len(lost), len(episodes), *lost[0])
