@@ -355,3 +355,22 @@ def test_reference_completions_score_the_maximum_in_every_frame(cache, name, opt
             assert result.components[task.accuracy_key] == 1.0 and result.components["think_answer_format"] == 1.0
     lines = corpus_lines(4)
     assert len(lines) == 33 and all(isinstance(x, str) and x for x in lines)
+
+
+@pytest.mark.parametrize("name", ["grounding", "classification", "visual_choice", "geoqa"])
+def test_eval_path_gives_the_held_out_split_and_train_is_kept_whole(tmp_path, name):
+    make_image(tmp_path / "a.png")
+    row = {"grounding": {"image": "a.png", "problem": "the thing", "answer": [1, 2, 30, 40]},
+           "classification": {"image": "a.png", "label": "eagle"},
+           "visual_choice": {"image": "a.png", "question": "Which?", "options": ["box", "ball"], "answer": "A"},
+           "geoqa": {"image": "a.png", "problem": "Find x.", "solution": "<answer>30</answer>"}}[name]
+    train = write_jsonl(tmp_path / "train.jsonl", [row] * 5)
+    held_out = write_jsonl(tmp_path / "test.jsonl", [{**row, "label": "owl"} if name == "classification" else row] * 3)
+    task = get_task(name, path=train, eval_path=held_out, eval_fraction=0.4)
+    assert (len(task.train), len(task.eval)) == (5, 3)  # eval_fraction applies only without eval_path
+    if name == "classification":  # held-out prompts list the classes seen in training
+        assert task.eval[0]["answer"] == "owl" and "eagle" in task.eval[0]["messages"][0]["content"][1]["text"]
+    if name == "geoqa":  # the answer column found in train ("solution") is used for eval too
+        assert task.eval[0]["answer"] == task.train[0]["answer"]
+    split = get_task(name, path=train, eval_fraction=0.4)
+    assert (len(split.train), len(split.eval)) == (3, 2)

@@ -12,6 +12,7 @@ think/answer format; "accuracy" is the label match.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.synthetic_vision import SHAPES, synthetic_set
 from mmrl.tasks.vision_data import (
     image_value,
+    load_splits,
     load_table,
     require_column,
     split_rows,
@@ -77,15 +79,14 @@ def classification_task(path: str = "", eval_path: str = "", image_key: str = "i
     options = dict(image_key=image_key, label_key=label_key, aliases_key=aliases_key, template=template,
                    max_listed_classes=max_listed_classes, system_prompt=system_prompt or None)
     if path:
-        rows, base = load_table(path, "train", max_samples)
-        train = classification_rows(rows, base, path, **options)
-        if eval_path:
-            eval_rows, eval_base = load_table(eval_path, "test")
+        def eval_samples(rows, base, source, train):  # held-out prompts list the classes seen in training
             classes = sorted({s["answer"] for s in train}, key=str.lower)
-            evals = classification_rows(eval_rows, eval_base, eval_path, **options,
-                                        classes=classes if len(classes) <= max_listed_classes else None)
-        else:
-            train, evals = split_rows(train, eval_fraction, seed)
+            return classification_rows(rows, base, source, **options,
+                                       classes=classes if len(classes) <= max_listed_classes else None)
+
+        train, evals = load_splits(path, eval_path, partial(classification_rows, **options),
+                                   max_samples=max_samples, eval_fraction=eval_fraction, seed=seed,
+                                   make_eval_samples=eval_samples)
         source = path
     else:
         root = synthetic_set("classification", n_samples, image_size, seed, colour_cue)

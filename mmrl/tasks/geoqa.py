@@ -19,7 +19,7 @@ from mmrl.rewards import geometry  # noqa: F401  (registers geoqa_accuracy, thin
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.geo_synthetic import geo_set
-from mmrl.tasks.vision_data import image_value, load_table, require_column, split_rows, strip_answer_tags
+from mmrl.tasks.vision_data import image_value, load_splits, load_table, require_column, split_rows, strip_answer_tags
 
 R1V_TEMPLATE = "{problem} Output the thinking process in <think> </think> and final answer (number) in " \
                "<answer> </answer> tags."
@@ -84,14 +84,13 @@ def load_geometry(path: str, eval_path: str, *, eval_fraction: float, max_sample
                   layout: str, options: dict[str, Any]) -> tuple[list, list, str]:
     """(train, eval, description of the source) for a geometry task; the bundled set when ``path`` is empty."""
     if path:
-        rows, base = load_table(path, "train", max_samples)
-        if not options["answer_key"]:
-            options["answer_key"] = "answer" if "answer" in rows[0] else "solution"
-        train = geometry_rows(rows, base, path, **options)
-        if eval_path:
-            eval_rows, eval_base = load_table(eval_path, "test")
-            return train, geometry_rows(eval_rows, eval_base, eval_path, **options), path
-        train, evals = split_rows(train, eval_fraction, seed)
+        def samples(rows, base, source):
+            if not options["answer_key"]:  # settled by the training rows (built first), kept for eval
+                options["answer_key"] = "answer" if "answer" in rows[0] else "solution"
+            return geometry_rows(rows, base, source, **options)
+
+        train, evals = load_splits(path, eval_path, samples, max_samples=max_samples, eval_fraction=eval_fraction,
+                                   seed=seed)
         return train, evals, path
     root = geo_set(n_samples, seed)
     rows, _ = load_table(str(root / "rows.jsonl"), "train")

@@ -16,6 +16,7 @@ matched" for detection; `mmrl.rewards.vision_metrics.grounding_metrics` gives mI
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from mmrl.tasks.synthetic_vision import detection_prompt, grounding_prompt, synt
 from mmrl.tasks.vision_data import (
     check_image,
     image_value,
+    load_splits,
     load_table,
     require_column,
     split_rows,
@@ -153,13 +155,8 @@ def grounding_task(path: str = "", eval_path: str = "", variant: str = "referrin
     if path:
         default_template = TEMPLATE if not detection else detection_prompt("{problem}")
         options["template"] = template or default_template
-        rows, base = load_table(path, "train", max_samples)
-        train = grounding_rows(rows, base, path, **options)
-        if eval_path:
-            eval_rows, eval_base = load_table(eval_path, "test")
-            evals = grounding_rows(eval_rows, eval_base, eval_path, **options)
-        else:
-            train, evals = split_rows(train, eval_fraction, seed)
+        train, evals = load_splits(path, eval_path, partial(grounding_rows, **options), max_samples=max_samples,
+                                   eval_fraction=eval_fraction, seed=seed)
         source = path
     else:
         root = synthetic_set("detection" if detection else "grounding", n_samples, image_size, seed)

@@ -162,3 +162,23 @@ def split_rows(rows: list[dict[str, Any]], eval_fraction: float, seed: int) -> t
     random.Random(seed).shuffle(rows)
     n_eval = int(round(len(rows) * eval_fraction))
     return rows[n_eval:], rows[:n_eval]
+
+
+def load_splits(path: str, eval_path: str, make_samples: Callable[[list, Path | None, str], list], *,
+                max_samples: int, eval_fraction: float, seed: int,
+                make_eval_samples: Callable[[list, Path | None, str, list], list] | None = None) -> tuple[list, list]:
+    """(train, eval) samples of a user's dataset: ``path``'s train split (``max_samples`` rows at most), and
+    ``eval_path``'s test split when given, else a seeded ``eval_fraction`` of train.
+
+    ``make_samples(rows, base_dir, source)`` turns a table into samples; ``make_eval_samples(rows, base_dir, source,
+    train)``, when given, builds the eval samples instead (for tasks whose eval rows depend on train, e.g. the list of
+    classes). Train is built first, so ``make_samples`` may settle options from the training rows.
+    """
+    rows, base = load_table(path, "train", max_samples)
+    train = make_samples(rows, base, path)
+    if not eval_path:
+        return split_rows(train, eval_fraction, seed)
+    eval_rows, eval_base = load_table(eval_path, "test")
+    if make_eval_samples is not None:
+        return train, make_eval_samples(eval_rows, eval_base, eval_path, train)
+    return train, make_samples(eval_rows, eval_base, eval_path)

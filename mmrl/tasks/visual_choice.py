@@ -19,6 +19,7 @@ Reward = ``choice_match`` + ``format_weight`` × the think/answer format; "accur
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,15 @@ from mmrl.rewards.vision import gold_letter, sample_options
 from mmrl.rewards.vision_metrics import match_accuracy
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.synthetic_vision import choice_prompt, synthetic_set
-from mmrl.tasks.vision_data import image_value, load_table, require_column, split_rows, strip_answer_tags, to_plain
+from mmrl.tasks.vision_data import (
+    image_value,
+    load_splits,
+    load_table,
+    require_column,
+    split_rows,
+    strip_answer_tags,
+    to_plain,
+)
 
 LISTED = re.compile(r"\(A\)")
 THINK_ANSWER = "Think in <think> </think>, then answer in <answer> </answer> with the option's letter."
@@ -85,13 +94,8 @@ def visual_choice_task(path: str = "", eval_path: str = "", image_key: str = "im
     options = dict(image_key=image_key, question_key=question_key, options_key=options_key, answer_key=answer_key,
                    system_prompt=system_prompt or None)
     if path:
-        rows, base = load_table(path, "train", max_samples)
-        train = choice_rows(rows, base, path, **options)
-        if eval_path:
-            eval_rows, eval_base = load_table(eval_path, "test")
-            evals = choice_rows(eval_rows, eval_base, eval_path, **options)
-        else:
-            train, evals = split_rows(train, eval_fraction, seed)
+        train, evals = load_splits(path, eval_path, partial(choice_rows, **options), max_samples=max_samples,
+                                   eval_fraction=eval_fraction, seed=seed)
         source = path
     else:
         root = synthetic_set("visual_choice", n_samples, image_size, seed,
