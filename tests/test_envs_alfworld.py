@@ -154,3 +154,29 @@ def test_engine_failures_are_env_errors(tmp_path, alfworld_games):
         run(AlfWorldEnv(broken).reset())
     with pytest.raises(ValueError, match="observation_mode"):
         AlfWorldEnv(broken, observation_mode="full")
+
+
+def test_closed_engines_lend_their_fast_downward_library_to_the_next(alfworld_games):
+    from mmrl.envs.alfworld.engine import LIBRARIES, Engine
+    from mmrl.envs.alfworld.env import read_game_meta
+
+    games = [g.path for g in list_games(alfworld_games, "train")][:3]
+    loaded = LIBRARIES.loaded
+    first = Engine(games[0])
+    lent = first._library
+    first.close()
+    second, third = Engine(games[1]), Engine(games[2])  # open together: one reuses the copy, one needs its own
+    assert lent in (second._library, third._library) and second._library is not third._library
+    plans = [read_game_meta(g)["walkthrough"] for g in games[1:]]
+    states = [second.reset(), third.reset()]
+    for i in range(max(map(len, plans))):  # interleaved steps: each game keeps its own state in its own copy
+        for j, (engine, plan) in enumerate(zip((second, third), plans, strict=True)):
+            if i < len(plan):
+                assert plan[i] in states[j].admissible
+                states[j] = engine.step(plan[i])
+    assert all(state.won for state in states)
+    second.close()
+    third.close()
+    for _ in range(5):  # an engine per episode no longer maps a new 34 MB library copy each time
+        Engine(games[0]).close()
+    assert LIBRARIES.loaded - loaded <= 2

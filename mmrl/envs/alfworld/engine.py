@@ -6,6 +6,13 @@ the stack ``textworld.gym`` builds for alfworld's ``AlfredTWEnv`` (``textworld/g
 directly so that one process can hold many games and a reset does not reload the game file. With ``expert=True`` the
 ``AlfredExpert`` planner wrapper adds Fast Downward's plan (the walkthrough) to every state.
 
+TextWorld's ``PddlEnv`` loads a private copy of Fast Downward's shared library (34 MB, copied to a temporary file and
+``dlopen``-ed, since the library keeps the game's state in globals) for every env it builds, and never unloads it: a
+process that builds an engine per episode maps a new copy each time, and the deleted copies keep their disk space
+until it exits (a long run filled this machine's disk). :class:`Engine` builds the same env with a copy taken from a
+per-process pool instead, and returns it on :meth:`Engine.close`; loading a game (``PddlState``) re-initialises
+every global of the library, so a returned copy is as good as a new one. Copies alive = engines open at once.
+
 Fast Downward overwrites ``sys.argv`` whenever it parses a problem (load and reset); every call that can reach it runs
 under :func:`keep_argv`. Any exception from the engine, and the ``SystemExit`` Fast Downward's PDDL parser raises on
 a malformed problem, becomes :class:`~mmrl.envs.base.EnvError` naming the game.
@@ -17,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 import sys
+import threading
 from pathlib import Path
 
 from mmrl.envs.base import EnvError
@@ -29,6 +37,43 @@ def keep_argv():
         yield
     finally:
         sys.argv[:] = saved
+
+
+class DownwardLibraries:
+    """Fast Downward library copies of closed engines, for the next engines of this process to reuse."""
+
+    def __init__(self) -> None:
+        self._free: list = []
+        self._lock = threading.Lock()
+        self.loaded = 0  # copies this process has loaded
+
+    def acquire(self):
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            self.loaded += 1
+        import fast_downward
+
+        return fast_downward.load_lib()
+
+    def release(self, library) -> None:
+        with self._lock:
+            self._free.append(library)
+
+
+LIBRARIES = DownwardLibraries()  # per process (EnvPool workers are processes, each with its own)
+
+
+def pddl_env(infos, library):
+    """textworld's ``PddlEnv`` built around ``library`` instead of a fresh copy of it."""
+    from textworld.envs.pddl import PddlEnv
+
+    class PooledPddlEnv(PddlEnv):
+        def __init__(self) -> None:
+            super(PddlEnv, self).__init__(infos)  # PddlEnv's own __init__ would load another library copy
+            self.downward_lib = library
+
+    return PooledPddlEnv()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +99,17 @@ class Engine:
         if expert:
             wrappers.append(functools.partial(AlfredExpert, expert_type="planner"))
         self._expert = expert
+        self._library = LIBRARIES.acquire()
         try:
+            env = pddl_env(infos, self._library)
+            for wrapper in wrappers:  # what textworld.start does for a .tw-pddl game
+                env = wrapper(env)
             with keep_argv():
-                self._env = textworld.start(self.game_path, infos, wrappers=wrappers)
+                env.load(self.game_path)
+            self._env = env
         except (Exception, SystemExit) as err:  # bad PDDL (Fast Downward may sys.exit), unreachable goal, ...
+            LIBRARIES.release(self._library)
+            self._library = None
             raise EnvError(f"cannot load ALFWorld game {self.game_path}: {type(err).__name__}: {err}") from err
         if template_cache:
             from mmrl.envs.alfworld import template_cache as cache
@@ -92,5 +144,10 @@ class Engine:
 
     def close(self) -> None:
         env, self._env = getattr(self, "_env", None), None
-        if env is not None:
-            env.close()
+        library, self._library = getattr(self, "_library", None), None
+        try:
+            if env is not None:
+                env.close()
+        finally:
+            if library is not None:
+                LIBRARIES.release(library)
