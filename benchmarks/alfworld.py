@@ -124,6 +124,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2,
                         help="update epochs per rollout: with 1, GMPO and GRPO take the same gradient (ratio 1)")
     parser.add_argument("--seeds", default="0")
+    parser.add_argument("--rl-seeds", default="",
+                        help="RL seeds run from each warm start ('' = the warm start's own seed)")
     parser.add_argument("--algos", default="gmpo,grpo")
     parser.add_argument("--n-per-type", type=int, default=48, help="generated training games per task type")
     parser.add_argument("--n-eval-per-type", type=int, default=12, help="generated held-out games per type and split")
@@ -157,20 +159,24 @@ def main() -> None:
                           "valid_action (seen, greedy)": record["final"]["valid_seen/greedy"]["valid_action_rate"]})
         curves[("sft", seed)] = [(s, p) for s, p, _ in record["curve"]]
         start_success = record["final"]["valid_seen/greedy"]["pass@1"]
-        for algo in args.algos.split(","):
-            overrides = {**base, "model.name": str(warm_dir), "algo.name": algo, "run.seed": seed,
+        rl_seeds = [int(s) for s in args.rl_seeds.split(",") if s] or [seed]
+        runs = [(a, r) for r in rl_seeds for a in args.algos.split(",")] if args.rl_steps > 0 else []  # 0: warm-up only
+        for algo, rl_seed in runs:
+            overrides = {**base, "model.name": str(warm_dir), "algo.name": algo, "run.seed": rl_seed,
                          "run.steps": args.rl_steps, "run.eval_every": args.eval_every}
-            records, last, wall = run_config(overrides, out / "runs" / f"{algo}-seed{seed}")
+            records, last, wall = run_config(overrides, out / "runs" / f"{algo}-seed{rl_seed}")
             curve = [(0, start_success)] + [(r["step"] + 1, r["eval/pass@1"]) for r in records
                                             if "eval/pass@1" in r]
-            curves[(algo, seed)] = curve
-            rl_rows.append({"algorithm": algo, "seed": seed, "steps": args.rl_steps, "seconds": wall,
+            curves[(algo, rl_seed)] = curve
+            rl_rows.append({"algorithm": algo, "seed": rl_seed, "steps": args.rl_steps, "seconds": wall,
                             "held-out greedy, start": start_success, "held-out greedy, end": curve[-1][1],
                             "best": max(p for _, p in curve),
                             "train success, first 3 steps": sum(r["success_rate"] for r in records[:3]) / 3,
                             "train success, last 3 steps": sum(r["success_rate"] for r in records[-3:]) / 3,
                             "valid action, last step": records[-1]["valid_action_rate"]})
     for title, rows in (("warm start (held-out pass@1)", warm_rows), ("RL from the warm start", rl_rows)):
+        if not rows:
+            continue
         print(f"\n{title}")
         columns = list(rows[0])
         print(" | ".join(columns))
@@ -191,7 +197,8 @@ def main() -> None:
     for ax in (left, right):
         ax.set_ylabel("held-out success (greedy)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_lines():
+            ax.legend()
     fig.suptitle("ALFWorld (generated games), embedded agent model")
     fig.tight_layout()
     fig.savefig(out / "alfworld.png", dpi=90)
