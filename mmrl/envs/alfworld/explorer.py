@@ -116,7 +116,7 @@ class Explorer:
         g = self.goal
         if self.holding and kind(self.holding) == g.obj:
             if g.toggle:
-                return self._toward(f"look at {g.obj} under {g.toggle}", g.toggle, allowed, use=True)
+                return self._to_lamp(f"look at {g.obj} under {g.toggle}", g.toggle, allowed)
             if g.task_type in VERB and not self.changed:
                 verb, appliance = VERB[g.task_type], APPLIANCE[g.task_type][0].lower()
                 command = f"{verb} {self.holding} with {self.location}"
@@ -147,9 +147,9 @@ class Explorer:
             return think, f"go to {target}"
         return think, self._go_to_kind(g.recep, allowed)
 
-    def _toward(self, think: str, lamp: str, allowed: list[str], use: bool) -> tuple[str, str]:
+    def _to_lamp(self, think: str, lamp: str, allowed: list[str]) -> tuple[str, str]:
         for command in allowed:
-            if use and command.startswith(f"use {lamp} "):
+            if command.startswith(f"use {lamp} "):
                 return think, command
         where = [w for t, w in self.seen.items() if kind(t) == lamp]
         if where and f"go to {where[0]}" in allowed:
