@@ -64,16 +64,21 @@ class DownwardLibraries:
 LIBRARIES = DownwardLibraries()  # per process (EnvPool workers are processes, each with its own)
 
 
-def pddl_env(infos, library):
-    """textworld's ``PddlEnv`` built around ``library`` instead of a fresh copy of it."""
+@functools.cache
+def _pooled_pddl_env_class():
     from textworld.envs.pddl import PddlEnv
 
     class PooledPddlEnv(PddlEnv):
-        def __init__(self) -> None:
+        def __init__(self, infos, library) -> None:
             super(PddlEnv, self).__init__(infos)  # PddlEnv's own __init__ would load another library copy
             self.downward_lib = library
 
-    return PooledPddlEnv()
+    return PooledPddlEnv
+
+
+def pddl_env(infos, library):
+    """textworld's ``PddlEnv`` built around ``library`` instead of a fresh copy of it."""
+    return _pooled_pddl_env_class()(infos, library)
 
 
 @dataclasses.dataclass(frozen=True)
