@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,14 +38,17 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import torch  # noqa: E402
-from common import pyplot, run_config  # noqa: E402
+from common import QUIET, pyplot  # noqa: E402
 
 from mmrl.envs.alfworld.generate import generate_games  # noqa: E402
 from mmrl.envs.alfworld.tasks import TASK_TYPES, official_task_type  # noqa: E402
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.tasks.alfworld import ALFWORLD_DEFAULTS  # noqa: E402
-from mmrl.trainer.evaluate import evaluate_episodes  # noqa: E402
+from mmrl.trainer.config import resolve_config  # noqa: E402
+from mmrl.trainer.evaluate import evaluate_episode_groups  # noqa: E402
+from mmrl.trainer.local import build_trainer  # noqa: E402
+from mmrl.trainer.metrics import read_metrics  # noqa: E402
 from mmrl.trainer.sft import render_demonstrations, sft_warmup  # noqa: E402
 
 EVAL_KEYS = ("pass@1", "valid_action_rate", "format_rate", "episode_length")
@@ -51,12 +56,42 @@ EVAL_KEYS = ("pass@1", "valid_action_rate", "format_rate", "episode_length")
 
 def held_out(model, tokenizer, task, args, temperature: float) -> dict:
     """Success on the task's held-out games: greedy (1 episode per game) or sampled (``--eval-samples`` each)."""
-    result = evaluate_episodes(model, tokenizer, task, k=args.eval_samples, temperature=temperature,
-                               max_new_tokens=ALFWORLD_DEFAULTS["rollout.max_new_tokens"],
-                               max_episode_tokens=ALFWORLD_DEFAULTS["rollout.max_episode_tokens"], seed=0,
-                               batch_size=64)
+    return held_out_games(model, tokenizer, task, args, temperature)[0]
+
+
+def held_out_games(model, tokenizer, task, args, temperature: float) -> tuple[dict, list[int]]:
+    """(the metrics of :func:`held_out`, episodes won per held-out game in the task's order)."""
+    result, groups = evaluate_episode_groups(model, tokenizer, task, k=args.eval_samples, temperature=temperature,
+                                             max_new_tokens=ALFWORLD_DEFAULTS["rollout.max_new_tokens"],
+                                             max_episode_tokens=ALFWORLD_DEFAULTS["rollout.max_episode_tokens"],
+                                             seed=0, batch_size=64)
     model.train()  # evaluation leaves the model in eval mode; the warm-up continues in train mode
-    return {k: v for k, v in result.items() if isinstance(v, float)}
+    wins = [sum(int(r.episode["won"]) for r in g.responses) for g in groups]
+    return {k: v for k, v in result.items() if isinstance(v, float)}, wins
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """Two-sided exact sign test (McNemar's exact test) of ``gained`` games won after RL and not before against
+    ``lost`` games won before and not after: the chance of a split at least this uneven if RL changed nothing."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def run_rl(overrides: dict, out_dir: Path, tasks: dict, args) -> tuple[list[dict], float, dict]:
+    """(per-step records, wall seconds, {split: (greedy metrics, wins per game)} of the final policy) of one RL run
+    from the warm start; SIGINT/SIGTERM stop the whole benchmark."""
+    cfg = resolve_config([({**QUIET, **overrides, "run.out_dir": str(out_dir)}, "benchmark")])
+    start = time.perf_counter()
+    trainer = build_trainer(cfg)
+    trainer.run()
+    if trainer.stop_signal is not None:
+        raise SystemExit(128 + trainer.stop_signal)
+    wall = time.perf_counter() - start
+    final = {split: held_out_games(trainer.model, trainer.tokenizer, task, args, 0.0) for split, task in tasks.items()}
+    return read_metrics(trainer.run_dir / "metrics.jsonl"), wall, final
 
 
 def per_type(result: dict) -> dict:
@@ -71,11 +106,16 @@ def short(result: dict) -> str:
 def warm_start(args, games: Path, seed: int, out: Path) -> tuple[Path, dict]:
     """The warm-started model's directory and the warm-up's record (curve, final evaluations, seconds)."""
     saved = out / "warm_start.json"
+    tasks = held_out_tasks(args, games)
     if args.reuse_warm_start and saved.is_file():
-        return out / "model", json.loads(saved.read_text())
-    options = task_options(args, games)
-    seen = get_task("alfworld", **options)
-    unseen = get_task("alfworld", **{**options, "eval_split": "valid_unseen"})
+        record = json.loads(saved.read_text())
+        if "wins" not in record:  # a record written before per-game wins were kept; greedy play is deterministic
+            model, tokenizer = load_model(str(out / "model")), load_tokenizer(str(out / "model"))
+            record["wins"] = {split: held_out_games(model, tokenizer, task, args, 0.0)[1]
+                              for split, task in tasks.items()}
+            saved.write_text(json.dumps(record))
+        return out / "model", record
+    seen = tasks["valid_seen"]
     tokenizer = load_tokenizer(args.init_model)
     torch.manual_seed(seed)
     model = load_model(args.init_model)
@@ -102,9 +142,10 @@ def warm_start(args, games: Path, seed: int, out: Path) -> tuple[Path, dict]:
               f"({sft_seconds:.0f} s of SFT)", flush=True)
     record["sft_seconds"] = sft_seconds
     record["pre_sft_seconds"] = pre_seconds
-    record["final"] = {f"{split}/{mode}": held_out(model, tokenizer, task, args, temperature)
-                       for split, task in (("valid_seen", seen), ("valid_unseen", unseen))
-                       for mode, temperature in (("greedy", 0.0), ("sampled", args.temperature))}
+    final = {(split, mode): held_out_games(model, tokenizer, task, args, temperature)
+             for split, task in tasks.items() for mode, temperature in (("greedy", 0.0), ("sampled", args.temperature))}
+    record["final"] = {f"{split}/{mode}": metrics for (split, mode), (metrics, _) in final.items()}
+    record["wins"] = {split: final[(split, "greedy")][1] for split in tasks}
     target = out / "model"
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
@@ -134,8 +175,26 @@ def pre_sft(args, model, tokenizer, seed: int, out: Path) -> float:
     return time.perf_counter() - start
 
 
+def summarise_gain(algo: str, rows: list[dict], split: str) -> dict:
+    """Mean held-out gain over RL seeds with its standard error, and the exact sign test pooled over every
+    (seed, game) pair that changed."""
+    start, end = ("held-out greedy, start", "held-out greedy, end") if split == "valid_seen" else \
+        ("unseen, start", "unseen, end")
+    gains = [r[end] - r[start] for r in rows]
+    gained, lost = sum(r[f"{split} gained"] for r in rows), sum(r[f"{split} lost"] for r in rows)
+    return {"algorithm": algo, "split": split, "seeds": len(rows), "mean gain": statistics.mean(gains),
+            "standard error": statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else float("nan"),
+            "games gained": gained, "games lost": lost, "sign test p": sign_test(gained, lost)}
+
+
 def selected_types(args) -> tuple[str, ...]:
     return tuple(official_task_type(t) for t in args.task_types.split(",") if t) or TASK_TYPES
+
+
+def held_out_tasks(args, games: Path) -> dict:
+    """{split: the alfworld task evaluating on it} for ``valid_seen`` and ``valid_unseen``."""
+    options = task_options(args, games)
+    return {split: get_task("alfworld", **{**options, "eval_split": split}) for split in ("valid_seen", "valid_unseen")}
 
 
 def task_options(args, games: Path) -> dict:
@@ -210,20 +269,31 @@ def main() -> None:
         for algo, rl_seed in runs:
             overrides = {**base, "model.name": str(warm_dir), "algo.name": algo, "run.seed": rl_seed,
                          "run.steps": args.rl_steps, "run.eval_every": args.eval_every}
-            records, last, wall = run_config(overrides, out / "runs" / f"{algo}-seed{rl_seed}")
-            curve = [(0, start_success)] + [(r["step"] + 1, r["eval/pass@1"]) for r in records
-                                            if "eval/pass@1" in r]
+            records, wall, final = run_rl(overrides, out / "runs" / f"{algo}-seed{rl_seed}",
+                                          held_out_tasks(args, games), args)
+            records = [r for r in records if "reward" in r]  # training steps (the step-0 evaluation has none)
+            curve = [(0, start_success)] + [(r["step"] + 1, r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
             curves[(algo, rl_seed)] = curve
-            rl_rows.append({"algorithm": algo, "seed": rl_seed, "steps": args.rl_steps, "seconds": wall,
-                            "held-out greedy, start": start_success, "held-out greedy, end": curve[-1][1],
-                            "best": max(p for _, p in curve),
-                            "train success, first 3 steps": sum(r["success_rate"] for r in records[:3]) / 3,
-                            "train success, last 3 steps": sum(r["success_rate"] for r in records[-3:]) / 3,
-                            "valid action, last step": records[-1]["valid_action_rate"]})
+            row = {"algorithm": algo, "warm seed": seed, "seed": rl_seed, "steps": args.rl_steps, "seconds": wall,
+                   "held-out greedy, start": start_success, "held-out greedy, end": final["valid_seen"][0]["pass@1"],
+                   "best": max(p for _, p in curve),
+                   "unseen, start": record["final"]["valid_unseen/greedy"]["pass@1"],
+                   "unseen, end": final["valid_unseen"][0]["pass@1"],
+                   "train success, first 3 steps": sum(r["success_rate"] for r in records[:3]) / 3,
+                   "train success, last 3 steps": sum(r["success_rate"] for r in records[-3:]) / 3,
+                   "valid action, last step": records[-1]["valid_action_rate"]}
+            for split in ("valid_seen", "valid_unseen"):  # per game: won after RL and not before, and the reverse
+                pairs = list(zip(record["wins"][split], final[split][1], strict=True))
+                row[f"{split} gained"] = sum(b > 0 and a == 0 for a, b in pairs)
+                row[f"{split} lost"] = sum(a > 0 and b == 0 for a, b in pairs)
+            rl_rows.append(row)
             type_rows.append({"model": f"{algo}, RL seed {rl_seed}, step {args.rl_steps}",
-                              **per_type({k[len("eval/"):]: v for k, v in records[-1].items()
-                                          if k.startswith("eval/")})})
+                              **per_type(final["valid_seen"][0])})
+    significance = [summarise_gain(algo, [r for r in rl_rows if r["algorithm"] == algo], split)
+                    for algo in args.algos.split(",") for split in ("valid_seen", "valid_unseen")
+                    if any(r["algorithm"] == algo for r in rl_rows)]
     for title, rows in (("warm start (held-out pass@1)", warm_rows), ("RL from the warm start", rl_rows),
+                        ("RL gain over seeds, and the sign test over (seed, game) pairs", significance),
                         ("held-out greedy success per task type (valid_seen)", type_rows)):
         if not rows:
             continue
@@ -235,7 +305,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"machine": platform.platform(), "threads": args.threads, "args": vars(args)}
     (out / "alfworld.json").write_text(json.dumps({"meta": meta, "warm_start": warm_rows, "rl": rl_rows,
-                                                   "per_type": type_rows,
+                                                   "significance": significance, "per_type": type_rows,
                                                    "curves": {f"{a}-seed{s}": c for (a, s), c in curves.items()}},
                                                   indent=2))
     plt = pyplot()
