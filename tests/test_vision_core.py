@@ -429,8 +429,8 @@ def test_the_grounding_default_localises_a_lone_shape(grounding_dir):
     """``embedded:tiny-qwen3-vl`` (the default of ``--task grounding``) is a Qwen3-VL with the learnt absolute position
     embedding in its ViT, and its pre-training made it find a shape: on fresh one-shape scenes its greedy box (the
     argmax of every completion token, teacher-forced, which is what greedy decoding writes while it is right) is
-    exactly the shape's box far more often than chance (~1/40 placements; v1: 11 of 32). The 2-3-shape bundled
-    scenes, where it must also pick the named shape, it has not learnt (docs/vision.md)."""
+    exactly the shape's box far more often than chance (~1/40 placements). The 2-3-shape bundled
+    scenes, where it must also pick the named shape, it has only partly learnt (docs/vision.md)."""
     import random
 
     from transformers import Qwen3VLForConditionalGeneration
