@@ -1,4 +1,5 @@
-"""Vision RL on the embedded tiny Qwen2.5-VL: held-out learning curves of every objective, and a step's time split.
+"""Vision RL on the embedded tiny Qwen-VL defaults (Qwen2.5-VL for geoqa, Qwen3-VL for grounding): held-out learning
+curves of every objective, and a step's time split.
 
 1. ``curves``: objectives × tasks × seeds, each the demo's setting (``make demo``: 40 steps of 16 prompts × 8
    samples, held-out evaluation at step 0 and every ``--eval-every`` steps). ``geoqa`` reports held-out pass@1,
@@ -125,7 +126,7 @@ def summarise(out: Path) -> None:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("RL on the embedded tiny Qwen2.5-VL (mean over seeds)")
+    fig.suptitle("RL on the embedded tiny Qwen-VL defaults (mean over seeds)")
     fig.tight_layout()
     fig.savefig(out / "vision.png", dpi=90)
     print(f"wrote {out / 'table.md'}, {out / 'vision.json'} and {out / 'vision.png'}")

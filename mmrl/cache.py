@@ -18,14 +18,17 @@ EMBEDDED_NAME = "embedded:tiny-qwen2"  # the text default
 EMBEDDED_MOE_NAME = "embedded:tiny-qwen3-moe"
 EMBEDDED_AGENT_NAME = "embedded:tiny-qwen2-agent"  # the default of --task alfworld
 EMBEDDED_VL_NAME = "embedded:tiny-qwen2.5-vl"  # the default of tasks with images
+EMBEDDED_GROUNDING_NAME = "embedded:tiny-qwen3-vl"  # the default of --task grounding (it needs absolute positions)
 
 RECIPE_VERSION = "tiny-qwen2-v3"
 MOE_RECIPE_VERSION = "tiny-qwen3-moe-v2"
 AGENT_RECIPE_VERSION = "tiny-qwen2-agent-v3"  # v3: tool-calling chat template (TRL)
 VL_RECIPE_VERSION = "tiny-qwen2.5-vl-v4"  # v4: 900 clean steps on geo-synth-v3 diagrams
+GROUNDING_RECIPE_VERSION = "tiny-qwen3-vl-v2"  # v2: 2400 steps on one-shape grid scenes, 1200 on 2-3-shape ones
 
 RECIPE_VERSIONS = {EMBEDDED_NAME: RECIPE_VERSION, EMBEDDED_MOE_NAME: MOE_RECIPE_VERSION,
-                   EMBEDDED_AGENT_NAME: AGENT_RECIPE_VERSION, EMBEDDED_VL_NAME: VL_RECIPE_VERSION}
+                   EMBEDDED_AGENT_NAME: AGENT_RECIPE_VERSION, EMBEDDED_VL_NAME: VL_RECIPE_VERSION,
+                   EMBEDDED_GROUNDING_NAME: GROUNDING_RECIPE_VERSION}
 
 
 def cache_root() -> Path:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mmrl.algos as algos
-from mmrl.cache import EMBEDDED_NAME, EMBEDDED_VL_NAME, VL_RECIPE_VERSION
+from mmrl.cache import EMBEDDED_GROUNDING_NAME, EMBEDDED_NAME, EMBEDDED_VL_NAME, VL_RECIPE_VERSION
 from mmrl.train import parse_config
 from mmrl.trainer.build import build_algorithm, build_task, response_budget
 
@@ -80,7 +80,8 @@ def test_dry_run_of_an_image_task_names_the_vision_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("task,model", [("arithmetic", EMBEDDED_NAME), ("geoqa", EMBEDDED_VL_NAME),
-                                        ("grounding", EMBEDDED_VL_NAME), ("alfworld", "embedded:tiny-qwen2-agent")])
+                                        ("grounding", EMBEDDED_GROUNDING_NAME),
+                                        ("alfworld", "embedded:tiny-qwen2-agent")])
 def test_eval_resolves_the_same_defaults_as_training(task, model):
     from mmrl.eval import parse_command
 

@@ -23,6 +23,9 @@ receptacle names, its observation and action phrasing, the agent prompt), so tha
 token per word rather than one per byte. It is not pre-trained: the ``--sft-warmup`` on the explorer's demonstrations
 (mmrl/envs/alfworld/explorer.py) is its pre-training.
 
+``embedded:tiny-qwen2.5-vl`` (the default of tasks with images) and ``embedded:tiny-qwen3-vl`` (the default of
+``--task grounding``, whose ViT knows absolute positions) are built by `mmrl.models.embedded_vl`.
+
 Results are cached under ``$MMRL_CACHE`` (default ``~/.cache/mmrl``) keyed by each recipe's version; names, versions
 and the cache root live in the leaf module `mmrl.cache`.
 """
@@ -40,6 +43,7 @@ import torch
 
 from mmrl.cache import (
     EMBEDDED_AGENT_NAME,
+    EMBEDDED_GROUNDING_NAME,
     EMBEDDED_MOE_NAME,
     EMBEDDED_NAME,
     EMBEDDED_VL_NAME,
@@ -217,6 +221,12 @@ def _build_vl():
     return build_tiny_vl()
 
 
+def _build_grounding_vl():
+    from mmrl.models.embedded_vl import build_tiny_grounding_vl
+
+    return build_tiny_grounding_vl()
+
+
 def _build_agent():
     from mmrl.models.agent_corpus import alfworld_corpus
 
@@ -229,7 +239,8 @@ def _build_agent():
 
 MOE_PRETRAIN_STEPS = 150
 BUILDERS = {EMBEDDED_NAME: _build_dense, EMBEDDED_MOE_NAME: _build_moe, EMBEDDED_VL_NAME: _build_vl,
-            EMBEDDED_AGENT_NAME: _build_agent}  # each cached under its recipe version (mmrl.cache.RECIPE_VERSIONS)
+            EMBEDDED_AGENT_NAME: _build_agent,
+            EMBEDDED_GROUNDING_NAME: _build_grounding_vl}  # each cached under its recipe version (mmrl.cache)
 
 
 def build_embedded(cache_dir: Path | None = None, force: bool = False, name: str = EMBEDDED_NAME) -> Path:
@@ -241,8 +252,8 @@ def build_embedded(cache_dir: Path | None = None, force: bool = False, name: str
     if (target / "config.json").exists() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("mmrl").info("building %s on first use (tokenizer + pre-training, ~10 s to ~2 min) into %s", name,
-                                   target)
+    logging.getLogger("mmrl").info("building %s on first use (tokenizer + pre-training, ~10 s to ~10 min) into %s",
+                                   name, target)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
     try:

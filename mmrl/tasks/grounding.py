@@ -20,12 +20,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mmrl.cache import EMBEDDED_GROUNDING_NAME
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.rewards.vision_metrics import detection_metrics, grounding_metrics
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.synthetic_vision import detection_prompt, grounding_prompt, synthetic_set
 from mmrl.tasks.vision_data import (
-    IMAGE_TASK_DEFAULTS,
     check_image,
     image_value,
     load_splits,
@@ -132,9 +132,10 @@ def grounding_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *,
     return samples
 
 
-# A box answer ("<think>I look for the red circle.</think><answer>[28,14,70,56]</answer>") is ~30 tokens with the
-# embedded tokenizer: more than the 16-token default of the geometry tasks.
-@register_task("grounding", config_defaults={**IMAGE_TASK_DEFAULTS, "rollout.max_new_tokens": 40})
+# The default model is the embedded Qwen3-VL, whose ViT knows absolute positions (the tiny Qwen2.5-VL of the other
+# image tasks cannot localise; docs/vision.md). Its box answers are in the 0..1000 frame
+# ("<think>I look for the yellow triangle.</think><answer>[750,750,1000,1000]</answer>": 44 tokens with end of turn).
+@register_task("grounding", config_defaults={"model.name": EMBEDDED_GROUNDING_NAME, "rollout.max_new_tokens": 48})
 def grounding_task(path: str = "", eval_path: str = "", variant: str = "referring", reward: str = "",
                    format_weight: float = 1.0, image_key: str = "image", problem_key: str = "problem",
                    answer_key: str = "", template: str = "", box_format: str = "xyxy", box_frame: str = "original",
