@@ -52,8 +52,6 @@ def build_processor(tokenizer):
 def tiny_qwen2_5_vl(tokenizer, hidden: int = 96, layers: int = 2, vision_hidden: int = 64, seed: int = 0):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in
-           ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
     head_dim = hidden // 4
     text = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
@@ -64,12 +62,20 @@ def tiny_qwen2_5_vl(tokenizer, hidden: int = 96, layers: int = 2, vision_hidden:
     vision = dict(depth=2, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_heads=4,
                   out_hidden_size=hidden, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
                   fullatt_block_indexes=[1])
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                              video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                              vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True,
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **vl_token_fields(tokenizer))
     torch.manual_seed(seed)
     return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def vl_token_fields(tokenizer) -> dict:
+    """The fields every Qwen-VL config takes from the tokenizer: its image/video/vision marker ids, end and pad ids
+    (the embedding stays tied to the LM head)."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in
+           ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    return {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
+            "tie_word_embeddings": True, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id}
 
 
 def build_qwen3_processor(tokenizer):
@@ -91,8 +97,6 @@ def tiny_qwen3_vl(tokenizer, hidden: int = 96, layers: int = 2, vision_hidden: i
     """A ``Qwen3VLForConditionalGeneration`` with an 8 × 8 learnt position embedding in its ViT (see the docstring)."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in
-           ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
     head_dim = hidden // 4
     section = [head_dim // 6, head_dim // 6, head_dim // 2 - 2 * (head_dim // 6)]
     text = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
@@ -103,9 +107,6 @@ def tiny_qwen3_vl(tokenizer, hidden: int = 96, layers: int = 2, vision_hidden: i
     vision = dict(depth=2, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_heads=4, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden, num_position_embeddings=64,
                   deepstack_visual_indexes=[0])
-    config = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                           video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                           vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True,
-                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, **vl_token_fields(tokenizer))
     torch.manual_seed(seed)
     return Qwen3VLForConditionalGeneration(config)
