@@ -135,7 +135,14 @@ def grounding_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *,
 # The default model is the embedded Qwen3-VL, whose ViT knows absolute positions (the tiny Qwen2.5-VL of the other
 # image tasks cannot localise; docs/vision.md). Its box answers are in the 0..1000 frame
 # ("<think>I look for the yellow triangle.</think><answer>[750,750,1000,1000]</answer>": 44 tokens with end of turn).
-@register_task("grounding", config_defaults={"model.name": EMBEDDED_GROUNDING_NAME, "rollout.max_new_tokens": 48})
+# RL on it: lr 5e-4 (at the generic 1e-3 held-out mIoU rises for ~50 steps, then training reward and mIoU fall back
+# to the start), 150 steps (~6 min on one thread), held-out evaluation at step 0 and every 50 steps on 200 scenes × 2
+# samples (docs/benchmarks.md, "Session 7").
+GROUNDING_DEFAULTS = {"model.name": EMBEDDED_GROUNDING_NAME, "rollout.max_new_tokens": 48, "optim.lr": 5e-4,
+                      "run.steps": 150, "run.eval_every": 50, "run.eval_samples": 2}
+
+
+@register_task("grounding", config_defaults=GROUNDING_DEFAULTS)
 def grounding_task(path: str = "", eval_path: str = "", variant: str = "referring", reward: str = "",
                    format_weight: float = 1.0, image_key: str = "image", problem_key: str = "problem",
                    answer_key: str = "", template: str = "", box_format: str = "xyxy", box_frame: str = "original",
