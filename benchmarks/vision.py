@@ -101,7 +101,8 @@ def summarise(out: Path) -> None:
             starts = [r["start"][k] for r in rs if r["start"][k] is not None]
             ends = [r["end"][k] for r in rs if r["end"][k] is not None]
             if starts and ends:
-                parts.append(f"{k} {statistics.mean(starts):.3f} → {statistics.mean(ends):.3f}")
+                parts.append(f"{k} {statistics.mean(starts):.3f} → {statistics.mean(ends):.3f} "
+                             f"({statistics.mean(ends) - statistics.mean(starts):+.3f})")
                 if not rise:
                     rise = f"{statistics.mean(ends) - statistics.mean(starts):+.3f}"
         seeds = ",".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"]))
@@ -115,9 +116,9 @@ def summarise(out: Path) -> None:
                                                  "runs": runs}, indent=1))
     plt = pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in runs))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
-        key = TASKS[task][4][0]
+    # the two headline metrics of each task (pass@1 and pass@4; mIoU and Acc@0.5), one row each
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 7), squeeze=False)
+    for ax, (task, key) in zip(axes.T.flat, ((t, k) for t in tasks for k in TASKS[t][4][:2]), strict=True):
         for algo in dict.fromkeys(r["algo"] for r in runs if r["task"] == task):
             rs = [r for r in runs if r["task"] == task and r["algo"] == algo]
             steps = [s for s, _ in rs[0]["curves"][key]]
