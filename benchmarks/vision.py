@@ -89,25 +89,23 @@ def summarise(out: Path) -> None:
     if not runs:
         print("no runs yet")
         return
-    lines = ["| task | objective | seeds | held-out metric: start → end (mean over seeds) | rise | wall s (mean) | "
-             "CPU s (mean) | load avg |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| task | objective | seeds | held-out metric: start → end (rise), mean over seeds | wall s (mean) | "
+             "CPU s (mean) | load avg |", "|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in runs:
         groups.setdefault((r["task"], r["algo"]), []).append(r)
     for (task, algo), rs in sorted(groups.items()):
         keys = TASKS[task][4]
-        parts, rise = [], ""
+        parts = []
         for k in keys:
             starts = [r["start"][k] for r in rs if r["start"][k] is not None]
             ends = [r["end"][k] for r in rs if r["end"][k] is not None]
             if starts and ends:
                 parts.append(f"{k} {statistics.mean(starts):.3f} → {statistics.mean(ends):.3f} "
                              f"({statistics.mean(ends) - statistics.mean(starts):+.3f})")
-                if not rise:
-                    rise = f"{statistics.mean(ends) - statistics.mean(starts):+.3f}"
         seeds = ",".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"]))
         wall, cpu = statistics.mean(r["wall_s"] for r in rs), statistics.mean(r["cpu_s"] for r in rs)
-        lines.append(f"| {task} | {algo} | {seeds} | {'; '.join(parts)} | {rise} | {wall:.0f} | {cpu:.0f} | "
+        lines.append(f"| {task} | {algo} | {seeds} | {'; '.join(parts)} | {wall:.0f} | {cpu:.0f} | "
                      f"{statistics.mean(r['load_start'] for r in rs):.1f} |")
     table = "\n".join(lines)
     print(table)
