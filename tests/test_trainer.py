@@ -287,3 +287,33 @@ def test_metrics_survive_a_half_written_line(tmp_path):
     path.write_text('{"step": 0, "reward": 1}\n{"step": 1, "rew')
     MetricsLog(path, resume_step=1)
     assert read_metrics(path) == [{"step": 0, "reward": 1}]
+
+
+def test_row_by_row_scoring_equals_the_padded_batch(embedded_model_dir):
+    """Long batches are scored one unpadded row at a time (ROW_BY_ROW_MIN_WIDTH): the log-probs, entropies and
+    gradients must equal the padded batch's, for uneven prompts, env tokens masked out, and an empty response."""
+    from mmrl.batch import Group, Response, collate
+    from mmrl.models import load_model
+    from mmrl.trainer.rollout import response_logprobs
+
+    model = load_model(str(embedded_model_dir))
+    gen = torch.Generator().manual_seed(0)
+    tokens = lambda n: torch.randint(3, 200, (n,), generator=gen).tolist()  # noqa: E731
+    env_turn = lambda n: [1] * (n // 2) + [0] * (n - n // 2)  # noqa: E731  (model tokens, then env feedback)
+    groups = [Group(0, {}, tokens(7), [Response(tokens(30), loss_mask=env_turn(30)), Response(tokens(12)),
+                                       Response([])]),
+              Group(1, {}, tokens(15), [Response(tokens(41), loss_mask=env_turn(41)), Response(tokens(5))])]
+    batch = collate(groups, pad_id=0)
+    results = []
+    for row_by_row in (False, True):
+        model.zero_grad()
+        logprobs, entropy = response_logprobs(model, batch, 0.7, with_entropy=True, row_by_row=row_by_row)
+        (logprobs * batch.response_mask).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((logprobs.detach(), entropy * batch.response_mask, grads))
+    (lp_a, ent_a, grad_a), (lp_b, ent_b, grad_b) = results
+    assert lp_a.shape == lp_b.shape == batch.response_mask.shape
+    assert torch.count_nonzero(lp_b[batch.response_mask == 0]) == 0  # env, padding and the empty row score 0
+    torch.testing.assert_close(lp_b, lp_a, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ent_b, ent_a, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(grad_b, grad_a, rtol=1e-3, atol=1e-6)

@@ -93,6 +93,9 @@ class OptimConfig:
     epochs: int = 1  # update epochs over each rollout batch (K)
     minibatches: int = 1  # optimizer steps per epoch; groups are never split across mini-batches
     micro_batch_size: int = 0  # max responses per forward/backward (gradient accumulation); 0 = whole mini-batch
+    # On the CPU, text batches at least 512 tokens wide are scored (re-scoring and update) one unpadded row at a time:
+    # the same values, ~2x less CPU on ALFWorld episodes (mmrl.trainer.rollout.ROW_BY_ROW_MIN_WIDTH); False = padded.
+    row_by_row: bool = True
 
 
 @dataclasses.dataclass

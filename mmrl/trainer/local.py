@@ -254,6 +254,12 @@ class Trainer:
         kept += [g for g in last if g.all_rewards_equal][: target - len(kept)]
         return kept, {"resample_rounds": float(rounds)}
 
+    @property
+    def row_by_row(self) -> bool | None:
+        """How re-scoring and the update score a batch: None = long text batches one unpadded row at a time
+        (``optim.row_by_row``, see mmrl.trainer.rollout.response_logprobs), False = always padded."""
+        return None if self.cfg.optim.row_by_row else False
+
     def old_logprobs_from_update(self) -> bool:
         """π_old needs no forward of its own when the update's forward is at π_old's weights: one update per rollout,
         no replayed responses (GVPO), no routing to record (MoE), no KL-to-init metric, and an objective whose
@@ -269,9 +275,11 @@ class Trainer:
         with self.autocast():
             if not self.old_logprobs_from_update():  # else left None: update() takes its own detached log-probs
                 batch.old_logprobs, batch.routing = batch_logprobs(self.model, batch, temperature, micro,
-                                                                   record_routing=self.is_moe)
+                                                                   record_routing=self.is_moe,
+                                                                   row_by_row=self.row_by_row)
             if self.ref_model is not None:
-                batch.ref_logprobs, _ = batch_logprobs(self.ref_model, batch, temperature, micro)
+                batch.ref_logprobs, _ = batch_logprobs(self.ref_model, batch, temperature, micro,
+                                                       row_by_row=self.row_by_row)
         batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
         stats = self.algo.batch_stats(batch.rewards, batch.group_ids, batch.advantages, batch.old_logprobs,
                                       batch.response_mask)
@@ -286,7 +294,7 @@ class Trainer:
                                 capture_logits=c.aux_loss_coef > 0 or c.z_loss_coef > 0)
         with hooks.active():
             logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature,
-                                                  with_entropy=True, rows=rows)
+                                                  with_entropy=True, rows=rows, row_by_row=False)
         mask = sub.attention_mask
         natural = hooks.natural if c.routing_replay else hooks.routing
         extra_loss = torch.zeros((), device=logprobs.device)
@@ -349,7 +357,8 @@ class Trainer:
                             logprobs, entropy, router_loss, router_metrics = self.moe_forward(batch, rows, sub)
                         else:
                             logprobs, entropy = response_logprobs(self.model, batch, temperature,
-                                                                  with_entropy=True, rows=rows)
+                                                                  with_entropy=True, rows=rows,
+                                                                  row_by_row=self.row_by_row)
                     old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
                     loss, metrics = self.algo.policy_loss(
                         logprobs=logprobs, old_logprobs=old, advantages=sub.advantages,

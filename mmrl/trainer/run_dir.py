@@ -42,6 +42,7 @@ SAFE_ON_RESUME = {
     "run.tensorboard", "run.wandb",
     "model.device", "model.threads", "model.gradient_checkpointing",
     "rollout.generation_batch_size", "rollout.env_workers", "rollout.env_step_timeout", "optim.micro_batch_size",
+    "optim.row_by_row",
 }
 SAFE_SECTIONS_ON_RESUME = {"cluster", "evaluation"}  # resources of the openrlhf backend; held-out evaluation sets
 NOT_COMPARED_ON_RESUME = {"run.resume", "run.overwrite", "run.out_dir"}  # how this process was started, and where
