@@ -7,7 +7,8 @@ same warm-started model, same seeds, same budget, on the real TextWorld engine w
    ``--sft-eval-every`` (each chunk is one ``sft_warmup`` call, i.e. what ``--sft-warmup N`` runs, its batches drawn
    with the chunk's offset as seed), with held-out success after each chunk. ``--init-model`` starts it from a saved
    model (a longer warm-up in two runs).
-2. RL from that checkpoint for each algorithm (``--rl-steps``), held-out success every ``--eval-every`` steps.
+2. RL from that checkpoint for each algorithm (``--rl-steps``), held-out success every ``--eval-every`` steps;
+   ``--rl-resume`` continues the runs of an earlier call from their last checkpoints up to ``--rl-steps``.
 
 Held-out success is measured greedily (one episode per game, ``--eval-temperature 0``) and, for the warm start, also
 sampled at the RL rollout temperature. Prints tables, writes JSON and a PNG of the curves to ``--out``.
@@ -43,6 +44,7 @@ from common import QUIET, pyplot  # noqa: E402
 from mmrl.envs.alfworld.generate import generate_games  # noqa: E402
 from mmrl.envs.alfworld.tasks import TASK_TYPES, official_task_type  # noqa: E402
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
+from mmrl.samples import SAMPLES_FILE  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.tasks.alfworld import ALFWORLD_DEFAULTS  # noqa: E402
 from mmrl.trainer.config import resolve_config  # noqa: E402
@@ -82,16 +84,35 @@ def sign_test(gained: int, lost: int) -> float:
 
 def run_rl(overrides: dict, out_dir: Path, tasks: dict, args) -> tuple[list[dict], float, dict]:
     """(per-step records, wall seconds, {split: (greedy metrics, wins per game)} of the final policy) of one RL run
-    from the warm start; SIGINT/SIGTERM stop the whole benchmark."""
-    cfg = resolve_config([({**QUIET, **overrides, "run.out_dir": str(out_dir)}, "benchmark")])
+    from the warm start; SIGINT/SIGTERM stop the whole benchmark. ``valid_seen`` (the task's own held-out split) is
+    the trainer's evaluation after its last step, every game's episode kept in samples.jsonl; the other splits are
+    played here."""
+    seen = tasks["valid_seen"]
+    keep_every_game = {"run.eval_sample_prompts": len(seen.eval)}
+    cfg = resolve_config([({**QUIET, **overrides, "run.out_dir": str(out_dir), **keep_every_game}, "benchmark")])
     start = time.perf_counter()
     trainer = build_trainer(cfg)
     trainer.run()
     if trainer.stop_signal is not None:
         raise SystemExit(128 + trainer.stop_signal)
     wall = time.perf_counter() - start
-    final = {split: held_out_games(trainer.model, trainer.tokenizer, task, args, 0.0) for split, task in tasks.items()}
-    return read_metrics(trainer.run_dir / "metrics.jsonl"), wall, final
+    records = read_metrics(trainer.run_dir / "metrics.jsonl")
+    final = {"valid_seen": trainer_final_evaluation(records, trainer.run_dir / SAMPLES_FILE, len(seen.eval))}
+    final.update({split: held_out_games(trainer.model, trainer.tokenizer, task, args, 0.0)
+                  for split, task in tasks.items() if split != "valid_seen"})
+    return records, wall, final
+
+
+def trainer_final_evaluation(records: list[dict], samples: Path, n_games: int) -> tuple[dict, list[int]]:
+    """(the metrics, wins per game) of the trainer's greedy evaluation after its last step, as :func:`held_out_games`
+    gives them: one episode per game, in the task's order."""
+    last = records[-1]
+    metrics = {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("eval/") and isinstance(v, float)}
+    episodes = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
+    won = {r["problem"]: int(r["episode"]["won"]) for r in episodes if r["step"] == last["step"]}
+    if sorted(won) != list(range(n_games)):
+        raise RuntimeError(f"{samples}: the last evaluation kept {len(won)} of {n_games} games")
+    return metrics, [won[i] for i in range(n_games)]
 
 
 def per_type(result: dict) -> dict:
@@ -218,6 +239,8 @@ def main() -> None:
     parser.add_argument("--reuse-warm-start", action="store_true",
                         help="reuse the warm-started model of an earlier run in --out (RL phase only)")
     parser.add_argument("--rl-steps", type=int, default=15)
+    parser.add_argument("--rl-resume", action="store_true",
+                        help="continue each RL run of --out from its last checkpoint up to --rl-steps (a longer run)")
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--games-per-step", type=int, default=4, help="groups per RL step")
     parser.add_argument("--group-size", type=int, default=4, help="episodes per game (group) in RL")
@@ -268,7 +291,8 @@ def main() -> None:
         runs = [(a, r) for r in rl_seeds for a in args.algos.split(",")] if args.rl_steps > 0 else []  # 0: warm-up only
         for algo, rl_seed in runs:
             overrides = {**base, "model.name": str(warm_dir), "algo.name": algo, "run.seed": rl_seed,
-                         "run.steps": args.rl_steps, "run.eval_every": args.eval_every}
+                         "run.steps": args.rl_steps, "run.eval_every": args.eval_every,
+                         **({"run.resume": True, "run.overwrite": False} if args.rl_resume else {})}
             records, wall, final = run_rl(overrides, out / "runs" / f"{algo}-seed{rl_seed}",
                                           held_out_tasks(args, games), args)
             records = [r for r in records if "reward" in r]  # training steps (the step-0 evaluation has none)
