@@ -1,0 +1,103 @@
+"""Re-scoring and update of long multi-turn batches: padded vs one unpadded row at a time, side by side in one run.
+
+The local trainer scores a batch twice per RL step with more than one update epoch: π_old (re-scoring) and π_θ in
+the update's forward and backward. ALFWorld episodes are one row each, 1,000-3,000 tokens long and of uneven
+length, so a padded batch spends most of its attention on padding (``optim.row_by_row``, default true, scores text
+batches at least ``ROW_BY_ROW_MIN_WIDTH`` tokens wide one row at a time). This script runs ``--rl-steps`` steps of
+the local trainer on ``--task alfworld`` with each setting, same seed, and reports the mean re-scoring, update and
+step times, and whether both settings took the same steps (loss, gradient norm, rewards per step).
+
+    python benchmarks/scoring.py [--model <warm-started agent model>] [--games-root <games>] [--rl-steps 2]
+
+With the default model (the untrained embedded agent) every episode plays all 15 turns, so rows are nearly equal in
+length; a warm-started model's episodes end when won, which is where padding costs most. Prints a table and writes
+``--out``/scoring.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]  # see benchmarks/alfworld.py
+
+import torch  # noqa: E402
+from common import run_config  # noqa: E402
+
+from mmrl.tasks.alfworld import ALFWORLD_DEFAULTS  # noqa: E402
+
+SAME_STEP_KEYS = ("reward", "success_rate", "loss", "grad_norm")
+
+
+def rl_steps(args, row_by_row: bool, out: Path) -> dict:
+    overrides = {**ALFWORLD_DEFAULTS, "task.name": "alfworld", "algo.name": args.algo, "model.name": args.model,
+                 "model.threads": args.threads, "run.steps": args.rl_steps, "run.seed": 0, "run.eval_every": 0,
+                 "rollout.temperature": 0.7, "optim.epochs": 2, "optim.row_by_row": row_by_row,
+                 "task.games_root": args.games_root, "task.max_steps": 15, "task.max_eval_games": 1,
+                 "run.eval_samples": 1, "run.eval_temperature": 0.0}
+    if args.task_types:
+        overrides["task.task_types"] = args.task_types
+    cpu = time.process_time()
+    records, _, wall = run_config(overrides, out / f"row-by-row-{str(row_by_row).lower()}")
+    records = [r for r in records if "update_time" in r]
+    return {"row_by_row": row_by_row, "steps": len(records), "wall_s": wall, "cpu_s": time.process_time() - cpu,
+            **{f"{k}_s": statistics.mean(r[k] for r in records)
+               for k in ("step_time", "generation_time", "rescoring_time", "update_time")},
+            "episode_tokens": statistics.mean(r["episode_tokens"] for r in records),
+            "per_step": [{k: r[k] for k in SAME_STEP_KEYS} for r in records]}
+
+
+def same_steps(a: list[dict], b: list[dict]) -> bool:
+    """Both settings took the same steps: equal rewards, and loss and gradient norm equal to float32 round-off."""
+    return len(a) == len(b) and all(math.isclose(x[k], y[k], rel_tol=1e-3, abs_tol=1e-6)
+                                    for x, y in zip(a, b, strict=True) for k in SAME_STEP_KEYS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=ALFWORLD_DEFAULTS["model.name"])
+    parser.add_argument("--games-root", default="", help="games (default: the task's generated set)")
+    parser.add_argument("--task-types", default="", help="comma-separated subset of the six types ('' = all)")
+    parser.add_argument("--algo", default="gmpo")
+    parser.add_argument("--rl-steps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default="benchmarks/results/scoring")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    load = [os.getloadavg()[0]]
+    runs = []
+    for row_by_row in (True, False):
+        runs.append(rl_steps(args, row_by_row, out))
+        load.append(os.getloadavg()[0])
+        print(json.dumps(runs[-1]), flush=True)
+    print(f"\n{args.rl_steps} RL steps per setting ({args.algo}, 4 games x 4 episodes, 2 update epochs), model "
+          f"{args.model}, {args.threads} thread(s), load average {', '.join(f'{x:.1f}' for x in load)}\n")
+    print("| scoring | step (s) | rollouts (s) | re-scoring (s) | update (s) | episode tokens |")
+    print("|---|---|---|---|---|---|")
+    for r in runs:
+        print(f"| {'row by row' if r['row_by_row'] else 'padded batch'} | {r['step_time_s']:.1f} | "
+              f"{r['generation_time_s']:.1f} | {r['rescoring_time_s']:.1f} | {r['update_time_s']:.1f} | "
+              f"{r['episode_tokens']:.0f} |")
+    fast, padded = runs
+    ratios = {key: padded[f"{key}_s"] / fast[f"{key}_s"] for key in ("rescoring_time", "update_time", "step_time")}
+    ratios["same_steps"] = same_steps(fast["per_step"], padded["per_step"])
+    print()
+    for key, value in ratios.items():
+        print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")
+    (out / "scoring.json").write_text(json.dumps({"machine": platform.platform(), "load_average_1min": load,
+                                                 "args": vars(args), "runs": runs, "ratios": ratios}, indent=1))
+    print(f"wrote {out / 'scoring.json'}")
+
+
+if __name__ == "__main__":
+    main()
