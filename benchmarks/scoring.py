@@ -5,7 +5,8 @@ the update's forward and backward. ALFWorld episodes are one row each, 1,000-3,0
 length, so a padded batch spends most of its attention on padding (``optim.row_by_row``, default true, scores text
 batches at least ``ROW_BY_ROW_MIN_WIDTH`` tokens wide one row at a time). This script runs ``--rl-steps`` steps of
 the local trainer on ``--task alfworld`` with each setting, same seed, and reports the mean re-scoring, update and
-step times, and whether both settings took the same steps (loss, gradient norm, rewards per step).
+step times, and whether both settings took the same steps (loss, gradient norm, rewards per step). The whole-run
+wall and CPU seconds include model loading and the one evaluation the trainer runs after its last step.
 
     python benchmarks/scoring.py [--model <warm-started agent model>] [--games-root <games>] [--rl-steps 2]
 
@@ -37,7 +38,8 @@ from mmrl.tasks.alfworld import ALFWORLD_DEFAULTS  # noqa: E402
 SAME_STEP_KEYS = ("reward", "success_rate", "loss", "grad_norm")
 
 
-def rl_steps(args, row_by_row: bool, out: Path) -> dict:
+def timed_steps(args, row_by_row: bool, out: Path) -> dict:
+    """The mean times, episode length and per-step results of ``--rl-steps`` steps with one scoring setting."""
     overrides = {**ALFWORLD_DEFAULTS, "task.name": "alfworld", "algo.name": args.algo, "model.name": args.model,
                  "model.threads": args.threads, "run.steps": args.rl_steps, "run.seed": 0, "run.eval_every": 0,
                  "rollout.temperature": 0.7, "optim.epochs": 2, "optim.row_by_row": row_by_row,
@@ -77,10 +79,12 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     runs = []
     for row_by_row in (True, False):
-        runs.append(rl_steps(args, row_by_row, out))
+        runs.append(timed_steps(args, row_by_row, out))
         load.append(os.getloadavg()[0])
         print(json.dumps(runs[-1]), flush=True)
-    print(f"\n{args.rl_steps} RL steps per setting ({args.algo}, 4 games x 4 episodes, 2 update epochs), model "
+    d = ALFWORLD_DEFAULTS
+    groups = f"{d['rollout.prompts_per_step']} games x {d['rollout.samples_per_prompt']}"
+    print(f"\n{args.rl_steps} RL steps per setting ({args.algo}, {groups} episodes, 2 update epochs), model "
           f"{args.model}, {args.threads} thread(s), load average {', '.join(f'{x:.1f}' for x in load)}\n")
     print("| scoring | step (s) | rollouts (s) | re-scoring (s) | update (s) | episode tokens |")
     print("|---|---|---|---|---|---|")
@@ -88,9 +92,10 @@ def main() -> None:
         print(f"| {'row by row' if r['row_by_row'] else 'padded batch'} | {r['step_time_s']:.1f} | "
               f"{r['generation_time_s']:.1f} | {r['rescoring_time_s']:.1f} | {r['update_time_s']:.1f} | "
               f"{r['episode_tokens']:.0f} |")
-    fast, padded = runs
-    ratios = {key: padded[f"{key}_s"] / fast[f"{key}_s"] for key in ("rescoring_time", "update_time", "step_time")}
-    ratios["same_steps"] = same_steps(fast["per_step"], padded["per_step"])
+    row_by_row_run, padded_run = runs
+    ratios = {key: padded_run[f"{key}_s"] / row_by_row_run[f"{key}_s"]
+              for key in ("rescoring_time", "update_time", "step_time")}
+    ratios["same_steps"] = same_steps(row_by_row_run["per_step"], padded_run["per_step"])
     print()
     for key, value in ratios.items():
         print(f"{key}: {value:.2f}" if isinstance(value, float) else f"{key}: {value}")

@@ -40,13 +40,16 @@ from mmrl.trainer.metrics import read_metrics
 
 ALGOS = ("gpg", "grpo", "dr_grpo", "gmpo", "gvpo", "cw_grpo")
 # name -> (task, task overrides, steps, held-out evaluation every so many steps, the held-out metrics reported).
-# Grounding: the task's own defaults (lr 5e-4, 150 steps, evaluation every 50 on 200 scenes × 2 samples).
-GROUNDING_RUN = ({"run.eval_samples": GROUNDING_DEFAULTS["run.eval_samples"]}, GROUNDING_DEFAULTS["run.steps"],
-                 GROUNDING_DEFAULTS["run.eval_every"], ("miou", "acc@0.5", "box_rate", "format_rate"))
+# Grounding runs for the task's own steps, evaluation interval and samples per scene (GROUNDING_DEFAULTS; the
+# samples must be given again here because DEMO's sit above the task's defaults); its lr comes from those defaults.
+GROUNDING_RUN = {"run.eval_samples": GROUNDING_DEFAULTS["run.eval_samples"]}
+GROUNDING_METRICS = ("miou", "acc@0.5", "box_rate", "format_rate")
 TASKS: dict[str, tuple[str, dict[str, Any], int, int, tuple[str, ...]]] = {
     "geoqa": ("geoqa", {}, 40, 20, ("pass@1", "pass@4", "format_rate")),
-    "grounding-iou": ("grounding", {"task.reward": "iou", **GROUNDING_RUN[0]}, *GROUNDING_RUN[1:]),
-    "grounding-giou": ("grounding", {"task.reward": "giou_plus_one", **GROUNDING_RUN[0]}, *GROUNDING_RUN[1:]),
+    "grounding-iou": ("grounding", {"task.reward": "iou", **GROUNDING_RUN}, GROUNDING_DEFAULTS["run.steps"],
+                      GROUNDING_DEFAULTS["run.eval_every"], GROUNDING_METRICS),
+    "grounding-giou": ("grounding", {"task.reward": "giou_plus_one", **GROUNDING_RUN}, GROUNDING_DEFAULTS["run.steps"],
+                       GROUNDING_DEFAULTS["run.eval_every"], GROUNDING_METRICS),
 }
 DEMO = {"rollout.prompts_per_step": 16, "rollout.samples_per_prompt": 8, "run.eval_samples": 4}
 

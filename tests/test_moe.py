@@ -148,6 +148,7 @@ def test_every_algorithm_trains_the_tiny_moe(tmp_path, small_config, name):
     trainer = build_trainer(cfg)
     last = trainer.run()
     assert trainer.is_moe and last["updates"] == 2 and last["skipped_updates"] == 0
+    assert trainer.row_by_row_min_width == 0  # π_old, π_θ and the reference score the batch routing was recorded on
     for key in ("moe/routing_mismatch", "moe/load_imbalance", "moe/load_entropy", "rollout_load_imbalance"):
         assert key in last
     assert len(last["moe/expert_load"]) == 2 and len(last["moe/expert_load"][0]) == 8

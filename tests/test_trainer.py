@@ -291,7 +291,8 @@ def test_metrics_survive_a_half_written_line(tmp_path):
 
 def test_row_by_row_scoring_equals_the_padded_batch(embedded_model_dir):
     """Long batches are scored one unpadded row at a time (ROW_BY_ROW_MIN_WIDTH): the log-probs, entropies and
-    gradients must equal the padded batch's, for uneven prompts, env tokens masked out, and an empty response."""
+    gradients must equal the padded batch's, for uneven prompts, model turns after env feedback, and an empty
+    response; a row that is not collate's layout is refused."""
     from mmrl.batch import Group, Response, collate
     from mmrl.models import load_model
     from mmrl.trainer.rollout import response_logprobs
@@ -299,15 +300,15 @@ def test_row_by_row_scoring_equals_the_padded_batch(embedded_model_dir):
     model = load_model(str(embedded_model_dir))
     gen = torch.Generator().manual_seed(0)
     tokens = lambda n: torch.randint(3, 200, (n,), generator=gen).tolist()  # noqa: E731
-    env_turn = lambda n: [1] * (n // 2) + [0] * (n - n // 2)  # noqa: E731  (model tokens, then env feedback)
-    groups = [Group(0, {}, tokens(7), [Response(tokens(30), loss_mask=env_turn(30)), Response(tokens(12)),
+    turns = lambda a, b, c: [1] * a + [0] * b + [1] * c  # noqa: E731  (a model turn, env feedback, a model turn)
+    groups = [Group(0, {}, tokens(7), [Response(tokens(30), loss_mask=turns(8, 12, 10)), Response(tokens(12)),
                                        Response([])]),
-              Group(1, {}, tokens(15), [Response(tokens(41), loss_mask=env_turn(41)), Response(tokens(5))])]
+              Group(1, {}, tokens(15), [Response(tokens(41), loss_mask=turns(5, 30, 6)), Response(tokens(5))])]
     batch = collate(groups, pad_id=0)
     results = []
-    for row_by_row in (False, True):
+    for min_width in (0, 1):  # 0: one padded batch; 1: every batch row by row
         model.zero_grad()
-        logprobs, entropy = response_logprobs(model, batch, 0.7, with_entropy=True, row_by_row=row_by_row)
+        logprobs, entropy = response_logprobs(model, batch, 0.7, with_entropy=True, row_by_row_min_width=min_width)
         (logprobs * batch.response_mask).sum().backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results.append((logprobs.detach(), entropy * batch.response_mask, grads))
@@ -317,3 +318,15 @@ def test_row_by_row_scoring_equals_the_padded_batch(embedded_model_dir):
     torch.testing.assert_close(lp_b, lp_a, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(ent_b, ent_a, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(grad_b, grad_a, rtol=1e-3, atol=1e-6)
+    holed = collate(groups, pad_id=0)
+    holed.attention_mask[0, holed.prompt_width + 3] = 0  # a hole inside a response: not collate's layout
+    with pytest.raises(ValueError, match="row 0"):
+        response_logprobs(model, holed, 0.7, row_by_row_min_width=1)
+
+
+@pytest.mark.parametrize("overrides, expected", [({}, "split"), ({"optim.row_by_row": False}, 0)])
+def test_row_by_row_follows_the_config(tmp_path, embedded_model_dir, small_config, overrides, expected):
+    from mmrl.trainer.rollout import ROW_BY_ROW_MIN_WIDTH
+
+    trainer = build_trainer(small_config(tmp_path, **overrides))
+    assert trainer.row_by_row_min_width == (ROW_BY_ROW_MIN_WIDTH if expected == "split" else 0)

@@ -64,7 +64,14 @@ from mmrl.trainer.eval_sets import EvalSet, build_eval_sets
 from mmrl.trainer.evaluate import evaluate_episode_groups, evaluate_groups
 from mmrl.trainer.loggers import RunLoggers
 from mmrl.trainer.metrics import MetricsLog, plot_curves, read_metrics
-from mmrl.trainer.rollout import batch_logprobs, encode_prompt, generate, response_logprobs, score_groups
+from mmrl.trainer.rollout import (
+    ROW_BY_ROW_MIN_WIDTH,
+    batch_logprobs,
+    encode_prompt,
+    generate,
+    response_logprobs,
+    score_groups,
+)
 from mmrl.trainer.run_dir import RunDir, claim
 from mmrl.trainer.schedule import build_scheduler
 from mmrl.trainer.vision_prompts import PromptCache, prompts_vision
@@ -255,10 +262,11 @@ class Trainer:
         return kept, {"resample_rounds": float(rounds)}
 
     @property
-    def row_by_row(self) -> bool | None:
-        """How re-scoring and the update score a batch: None = long text batches one unpadded row at a time
-        (``optim.row_by_row``, see mmrl.trainer.rollout.response_logprobs), False = always padded."""
-        return None if self.cfg.optim.row_by_row else False
+    def row_by_row_min_width(self) -> int:
+        """Re-scoring and the update score text batches this wide or wider one unpadded row at a time on the CPU
+        (``optim.row_by_row``; mmrl.trainer.rollout.response_logprobs); 0 = always one padded batch. Never for an MoE,
+        so that π_old, π_θ and the reference all see the batch its routing was recorded on."""
+        return ROW_BY_ROW_MIN_WIDTH if self.cfg.optim.row_by_row and not self.is_moe else 0
 
     def old_logprobs_from_update(self) -> bool:
         """π_old needs no forward of its own when the update's forward is at π_old's weights: one update per rollout,
@@ -276,10 +284,10 @@ class Trainer:
             if not self.old_logprobs_from_update():  # else left None: update() takes its own detached log-probs
                 batch.old_logprobs, batch.routing = batch_logprobs(self.model, batch, temperature, micro,
                                                                    record_routing=self.is_moe,
-                                                                   row_by_row=self.row_by_row)
+                                                                   row_by_row_min_width=self.row_by_row_min_width)
             if self.ref_model is not None:
                 batch.ref_logprobs, _ = batch_logprobs(self.ref_model, batch, temperature, micro,
-                                                       row_by_row=self.row_by_row)
+                                                       row_by_row_min_width=self.row_by_row_min_width)
         batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
         stats = self.algo.batch_stats(batch.rewards, batch.group_ids, batch.advantages, batch.old_logprobs,
                                       batch.response_mask)
@@ -294,7 +302,7 @@ class Trainer:
                                 capture_logits=c.aux_loss_coef > 0 or c.z_loss_coef > 0)
         with hooks.active():
             logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature,
-                                                  with_entropy=True, rows=rows, row_by_row=False)
+                                                  with_entropy=True, rows=rows)
         mask = sub.attention_mask
         natural = hooks.natural if c.routing_replay else hooks.routing
         extra_loss = torch.zeros((), device=logprobs.device)
@@ -358,7 +366,7 @@ class Trainer:
                         else:
                             logprobs, entropy = response_logprobs(self.model, batch, temperature,
                                                                   with_entropy=True, rows=rows,
-                                                                  row_by_row=self.row_by_row)
+                                                                  row_by_row_min_width=self.row_by_row_min_width)
                     old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
                     loss, metrics = self.algo.policy_loss(
                         logprobs=logprobs, old_logprobs=old, advantages=sub.advantages,
@@ -566,7 +574,8 @@ def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, run_dir: Path, au
             out.flush()  # a long warm-up can be watched
 
         return sft_warmup(model, demos, tokenizer.pad_token_id, s.steps, s.lr, s.batch_size, seed=cfg.run.seed,
-                          autocast=autocast, on_step=write)
+                          autocast=autocast, on_step=write,
+                          row_by_row_min_width=ROW_BY_ROW_MIN_WIDTH if cfg.optim.row_by_row else 0)
 
 
 def build_trainer(cfg: TrainConfig) -> Trainer:

@@ -132,29 +132,27 @@ def score_groups(groups: list[Group], reward: Reward) -> None:
         resp.reward = result
 
 
-# A text batch at least this wide is scored one row at a time, each row on its own unpadded span. Measured on the
-# CPU with the embedded agent model (ALFWorld episodes of 1,300-2,900 tokens, 8 rows): one padded forward + backward
-# took 16.5 s, the same rows one at a time 4.3 s (padding columns cost attention quadratically, and a mask with
-# zeros moves SDPA off its causal kernel); below ~256 tokens batching wins (4 rows of 100 tokens: 0.05 s vs 0.07 s).
-# On a GPU a padded batch keeps the device busy and a loop over rows would not: there it is never the default.
+# Scoring one row at a time pays off from this width (tokens) on the CPU. Measured with the embedded agent model
+# (ALFWorld episodes of 1,300-2,900 tokens, 8 rows): one padded forward + backward took 16.5 s, the same rows one at
+# a time 4.3 s (padding columns cost attention quadratically, and a mask with zeros moves SDPA off its causal
+# kernel); below ~256 tokens batching wins (4 rows of 100 tokens: 0.05 s vs 0.07 s). On a GPU a padded batch keeps
+# the device busy and a loop over rows would not, so rows are only split on the CPU.
 ROW_BY_ROW_MIN_WIDTH = 512
 
 
 def response_logprobs(model, batch: RolloutBatch, temperature: float, with_entropy: bool = False,
                       rows: torch.Tensor | None = None,
-                      row_by_row: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      row_by_row_min_width: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[n, T]`` of the response tokens of ``rows`` under ``model`` (and token entropy, detached).
 
     Only the last T+1 positions' logits are computed (``logits_to_keep``): prompts cost no vocabulary projection.
-    Padding positions get exactly 0. ``row_by_row``: one forward per row on its unpadded span (the same values; see
-    ``ROW_BY_ROW_MIN_WIDTH``); None = for text batches at least that wide on the CPU. Callers whose hooks expect the
-    batch's shape (MoE routing) pass False.
+    Padding positions get exactly 0. ``row_by_row_min_width`` > 0: a text batch at least that many tokens wide, on
+    the CPU, is scored one row at a time, each row on its own unpadded tokens (the same values; see
+    ``ROW_BY_ROW_MIN_WIDTH``); 0 (the default) = one padded batch, the shape hooks such as MoE routing expect.
     """
     sub = batch if rows is None else batch.select(rows)
     device = next(model.parameters()).device
-    if row_by_row is None:
-        row_by_row = device.type == "cpu" and sub.input_ids.shape[1] >= ROW_BY_ROW_MIN_WIDTH
-    if row_by_row and sub.vision is None:
+    if 0 < row_by_row_min_width <= sub.input_ids.shape[1] and device.type == "cpu" and sub.vision is None:
         return _row_by_row_logprobs(model, sub, temperature, with_entropy)
     t = sub.response_mask.shape[1]
     inputs = {"input_ids": sub.input_ids.to(device), "attention_mask": sub.attention_mask.to(device),
@@ -197,44 +195,49 @@ def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Ten
 def _row_by_row_logprobs(model, sub: RolloutBatch, temperature: float,
                          with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`response_logprobs` of a text batch, one forward per row on the row's own tokens (no padding, no
-    attention mask: causal attention alone). Rows are right-padded past their response to ``[n, T]`` with zeros."""
+    attention mask: causal attention alone). Rows are right-padded past their response to ``[n, T]`` with zeros.
+    Each row must be attended on one contiguous span that starts in the prompt (``collate``'s layout)."""
     device = next(model.parameters()).device
     p, t = sub.prompt_width, sub.response_mask.shape[1]
     logprob_rows, entropy_rows = [], []
     for i in range(sub.size):
         attended = sub.attention_mask[i].nonzero().squeeze(1)
-        start = int(attended[0]) if len(attended) else p
+        if len(attended) == 0 or int(attended[0]) >= p or len(attended) != int(attended[-1] - attended[0]) + 1:
+            raise ValueError(f"response_logprobs: row {i} is not a prompt followed by its response on one "
+                             f"contiguous attended span (mmrl.batch.collate's layout)")
+        start = int(attended[0])
         # At least one response column, so that every row has a graph; an empty response's column is masked to 0.
-        n = max(int(attended[-1]) + 1 - p, 1) if len(attended) else 1
-        ids = sub.input_ids[i : i + 1, start : p + n].to(device)
+        span = max(int(attended[-1]) + 1 - p, 1)
+        ids = sub.input_ids[i : i + 1, start : p + span].to(device)
         positions = torch.arange(ids.shape[1], device=device)[None]
-        logits = _response_logits(model, {"input_ids": ids, "position_ids": positions, "use_cache": False}, n)
-        mask = sub.response_mask[i : i + 1, :n].to(device) > 0
-        logprobs, entropy = _token_logprobs(logits, ids[:, -n:], mask, temperature, with_entropy)
-        logprob_rows.append(torch.nn.functional.pad(logprobs, (0, t - n)))
+        logits = _response_logits(model, {"input_ids": ids, "position_ids": positions, "use_cache": False}, span)
+        mask = sub.response_mask[i : i + 1, :span].to(device) > 0
+        logprobs, entropy = _token_logprobs(logits, ids[:, -span:], mask, temperature, with_entropy)
+        logprob_rows.append(torch.nn.functional.pad(logprobs, (0, t - span)))
         if with_entropy:
-            entropy_rows.append(torch.nn.functional.pad(entropy, (0, t - n)))
+            entropy_rows.append(torch.nn.functional.pad(entropy, (0, t - span)))
     return torch.cat(logprob_rows), torch.cat(entropy_rows) if with_entropy else None
 
 
 @torch.no_grad()
 def batch_logprobs(model, batch: RolloutBatch, temperature: float, micro_batch: int = 64,
                    record_routing: bool = False,
-                   row_by_row: bool | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+                   row_by_row_min_width: int = 0) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """Log-probs of every response in ``batch`` (on the CPU), ``micro_batch`` rows per forward; with
     ``record_routing`` (MoE) also every token's experts, ``[N, P + T, k]`` per router layer (what replay reuses).
-    ``row_by_row``: as in :func:`response_logprobs` (never while recording routing)."""
+    ``row_by_row_min_width``: as in :func:`response_logprobs` (ignored while recording routing)."""
     was_training = model.training
     model.eval()
     step = micro_batch or batch.size
     width = batch.input_ids.shape[1]
+    split_from = 0 if record_routing else row_by_row_min_width  # the hooks expect the padded batch's shape
     parts, routing = [], []
     for start in range(0, batch.size, step):
         rows = torch.arange(start, min(start + step, batch.size))
         hooks = moe.RouterHooks(model, (len(rows), width))
         with hooks.active() if record_routing else contextlib.nullcontext():
             parts.append(response_logprobs(model, batch, temperature, rows=rows,
-                                            row_by_row=False if record_routing else row_by_row)[0].cpu())
+                                           row_by_row_min_width=split_from)[0].cpu())
         routing.append(hooks.routing_cpu())
     model.train(was_training)
     layers = [torch.cat(layer) for layer in zip(*routing, strict=True)] if record_routing else None

@@ -24,7 +24,7 @@ import torch
 from mmrl.batch import Group, collate
 from mmrl.tasks.base import EnvTask
 from mmrl.trainer.episodes import Episode, Turn, TurnRenderer, run_episodes
-from mmrl.trainer.rollout import response_logprobs
+from mmrl.trainer.rollout import ROW_BY_ROW_MIN_WIDTH, response_logprobs
 
 log = logging.getLogger("mmrl")
 
@@ -65,19 +65,21 @@ def render_demonstrations(task: EnvTask, tokenizer, rows: list[dict[str, Any]], 
     return groups
 
 
-def demonstration_loss(model, groups: list[Group], pad_id: int) -> torch.Tensor:
-    """Mean NLL per expert token (loss mask 1) of ``groups``, through the trainer's own scoring path."""
+def demonstration_loss(model, groups: list[Group], pad_id: int, row_by_row_min_width: int = 0) -> torch.Tensor:
+    """Mean NLL per expert token (loss mask 1) of ``groups``, through the trainer's own scoring path
+    (``row_by_row_min_width`` as in :func:`~mmrl.trainer.rollout.response_logprobs`)."""
     batch = collate(groups, pad_id)
-    logprobs, _ = response_logprobs(model, batch, temperature=1.0)
+    logprobs, _ = response_logprobs(model, batch, temperature=1.0, row_by_row_min_width=row_by_row_min_width)
     mask = batch.response_mask.to(logprobs.device)
     return -(logprobs * mask).sum() / mask.sum().clamp(min=1)
 
 
 def sft_warmup(model, demos: list[Group], pad_id: int, steps: int, lr: float, batch_size: int, seed: int = 0,
-               autocast=None, on_step=None) -> list[float]:
+               autocast=None, on_step=None, row_by_row_min_width: int = ROW_BY_ROW_MIN_WIDTH) -> list[float]:
     """``steps`` AdamW steps of behaviour cloning on random batches of ``demos``; returns the loss per step.
 
-    ``on_step(step, loss)`` is called after each step (logging). A non-finite loss skips the step.
+    ``on_step(step, loss)`` is called after each step (logging). A non-finite loss skips the step. Demonstrations are
+    whole episodes: by default batches this wide are scored one row at a time on the CPU (0 = padded batches).
     """
     import contextlib
 
@@ -90,7 +92,7 @@ def sft_warmup(model, demos: list[Group], pad_id: int, steps: int, lr: float, ba
     for step in range(steps):
         picked = [demos[i] for i in rng.sample(range(len(demos)), min(batch_size, len(demos)))]
         with autocast() if autocast else contextlib.nullcontext():
-            loss = demonstration_loss(model, picked, pad_id)
+            loss = demonstration_loss(model, picked, pad_id, row_by_row_min_width)
         optimizer.zero_grad(set_to_none=True)
         if torch.isfinite(loss):
             loss.backward()
