@@ -28,6 +28,7 @@ byte-identical observations and admissible commands with and without it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -67,9 +68,11 @@ def clone_symbol(symbol: Any) -> Any:
 
 
 def _with_cached_classes(symbol: Any) -> Any:
-    """Swap ConditionalSymbol for CachedConditionalSymbol, recursively (in place; returns ``symbol``)."""
+    """Swap ConditionalSymbol and EvalSymbol for their cached subclasses, recursively (in place; returns ``symbol``)."""
     if type(symbol) is textgen.ConditionalSymbol:
         symbol.__class__ = CachedConditionalSymbol
+    elif type(symbol) is textgen.EvalSymbol:
+        symbol.__class__ = CachedEvalSymbol
     for child in ("expression", "symbol"):
         inner = getattr(symbol, child, None)
         if isinstance(inner, textgen.Symbol):
@@ -97,6 +100,50 @@ def _query(expression: str, context: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 _NONE = object()
+
+
+@functools.lru_cache(maxsize=8192)
+def compiled(expression: str):
+    """``expression`` compiled as ``eval`` compiles it (textgen has no ``__future__`` flags to inherit)."""
+    return compile(expression, "<string>", "eval", dont_inherit=True)
+
+
+# The names textgen's EvalSymbol.derive binds in the frame it evaluates in (it evaluates in its own locals after
+# ``locals().update(variables)``: its parameters shadow the variables, and its not-yet-bound ``value`` hides one).
+_FRAME_NAMES = frozenset({"self", "context", "value"})
+
+
+class CachedEvalSymbol(textgen.EvalSymbol):
+    def derive(self, context=None):
+        """textgen's: the expression evaluated over the context's variables, with its compilation memoised and the
+        same namespace (the variables, then ``self`` and ``context``, without ``value``; textgen's globals)."""
+        context = context or self.context
+        namespace = dict(context["variables"])
+        namespace.pop("value", None)
+        namespace["self"], namespace["context"] = self, context
+        return [textgen.TerminalSymbol(eval(compiled(self.expression), vars(textgen), namespace))]
+
+
+@functools.lru_cache(maxsize=8192)
+def flat_plan(text: str) -> tuple | None:
+    """For a template made only of text and plain ``{expression}`` parts (an EvalSymbol, or a ConditionalSymbol with
+    no query around one) whose expressions read only the variables, its parts in order: a string for text, a code
+    object for an expression. Its derivation is then exactly the concatenation of the text and ``str`` of each
+    expression evaluated over the variables (no grammar rule, no state query, no context copy). None otherwise."""
+    parts: list = []
+    for symbol in _pristine_symbols(text):
+        if type(symbol) is textgen.TerminalSymbol:
+            parts.append(str(symbol))
+            continue
+        if isinstance(symbol, textgen.ConditionalSymbol) and not symbol.given:
+            symbol = symbol.expression
+        if type(symbol) is not CachedEvalSymbol:
+            return None
+        code = compiled(symbol.expression)
+        if _FRAME_NAMES & set(code.co_names):  # could read textgen's frame, not just the variables
+            return None
+        parts.append(code)
+    return tuple(parts)
 
 
 class CachedConditionalSymbol(textgen.ConditionalSymbol):
@@ -136,6 +183,11 @@ class CachedGrammar(textgen.ContextSensitiveGrammar):
 
     def derive(self, start: str, context=None) -> str:
         context = {} if context is None else context
+        plan = flat_plan(start)
+        if plan is not None and context:
+            namespace = vars(textgen)
+            return "".join(part if type(part) is str else str(eval(part, namespace, dict(context["variables"])))
+                           for part in plan)
         stack = parse_symbols(start)[::-1]  # a derivation stack, top at the end
         for symbol in stack:
             symbol.context = fresh_context(context)
@@ -158,32 +210,45 @@ class CachedGrammar(textgen.ContextSensitiveGrammar):
 _UNCACHEABLE = None
 
 
-def template_queries(grammar: CachedGrammar, template: str) -> frozenset[str] | None:
-    """Every conjunctive query the derivation of ``template`` can evaluate (its own ``{x | query}`` parts, and the
-    conditions and parts of every rule reachable from it), or None when its text could depend on the state otherwise
-    (a symbol kind or a query this analysis does not know). Memoised per grammar."""
-    memo = grammar.__dict__.setdefault("_mmrl_template_queries", {})
+@dataclasses.dataclass(frozen=True)
+class Dependencies:
+    """What the derivation of a template can read besides the entity infos (fixed per game): the conjunctive queries
+    it can evaluate (its own ``{x | query}`` parts, and the conditions and parts of every rule reachable from it) and
+    the names its ``{expression}`` parts can read (variables, or textgen's globals)."""
+
+    queries: frozenset[str]
+    names: frozenset[str]
+
+
+def template_dependencies(grammar: CachedGrammar, template: str) -> Dependencies | None:
+    """The :class:`Dependencies` of ``template``, or None when its text could depend on more (a symbol kind this
+    analysis does not know, an expression that can read textgen's frame). Memoised per grammar."""
+    memo = grammar.__dict__.setdefault("_mmrl_template_dependencies", {})
     if template not in memo:
         queries: set[str] = set()
-        ok = _collect_queries(grammar, parse_symbols(template), queries, set())
-        memo[template] = frozenset(queries) if ok else _UNCACHEABLE
+        names: set[str] = set()
+        ok = _collect(grammar, parse_symbols(template), queries, names, set())
+        memo[template] = Dependencies(frozenset(queries), frozenset(names)) if ok else _UNCACHEABLE
     return memo[template]
 
 
-def _collect_queries(grammar, symbols, queries: set[str], seen_rules: set[str]) -> bool:
+def _collect(grammar, symbols, queries: set[str], names: set[str], seen_rules: set[str]) -> bool:
     for symbol in symbols:
-        if isinstance(symbol, (textgen.TerminalSymbol, textgen.EvalSymbol)):
-            continue  # text, or an expression over the variables (entity infos: fixed per game and mapping)
-        if isinstance(symbol, textgen.ConditionalSymbol):
+        if isinstance(symbol, textgen.TerminalSymbol):
+            continue
+        if isinstance(symbol, textgen.EvalSymbol):
+            code_names = set(compiled(symbol.expression).co_names)  # attribute names too: a superset, which is safe
+            if code_names & _FRAME_NAMES:
+                return False
+            names |= code_names
+        elif isinstance(symbol, textgen.ConditionalSymbol):
             if symbol.given:
-                if conjunctive_query(symbol.given).postconditions:  # free variables: any entity of a type
-                    return False
                 queries.add(symbol.given)
-            if not _collect_queries(grammar, [symbol.expression], queries, seen_rules):
+            if not _collect(grammar, [symbol.expression], queries, names, seen_rules):
                 return False
         elif isinstance(symbol, textgen.ListSymbol):  # joined with the list_* rules (textgen.display_list)
-            names = [textgen.NonterminalSymbol(n) for n in ("list_empty", "list_separator", "list_last_separator")]
-            if not _collect_queries(grammar, [symbol.symbol, *names], queries, seen_rules):
+            joins = [textgen.NonterminalSymbol(n) for n in ("list_empty", "list_separator", "list_last_separator")]
+            if not _collect(grammar, [symbol.symbol, *joins], queries, names, seen_rules):
                 return False
         elif isinstance(symbol, textgen.NonterminalSymbol):
             name = str(symbol)
@@ -192,76 +257,306 @@ def _collect_queries(grammar, symbols, queries: set[str], seen_rules: set[str]) 
             seen_rules.add(name)
             for rule in grammar._rules.get(name, []):
                 if rule.condition:
-                    if conjunctive_query(rule.condition).postconditions:
-                        return False
                     queries.add(rule.condition)
-                if not _collect_queries(grammar, rule.rhs, queries, seen_rules):
+                if not _collect(grammar, rule.rhs, queries, names, seen_rules):
                     return False
         else:
             return False
     return True
 
 
-def _facts_read_by(state: Any, expression: str) -> tuple:
-    """The facts ``state.all_assignments`` can read for the query ``expression``: those of each precondition's
+def query_signatures(state: Any, expression: str) -> tuple:
+    """The signatures whose facts ``state.all_assignments`` can read for the query ``expression``: each precondition's
     predicate under every combination of sub-types (as ``State._all_applicable_assignments`` enumerates them)."""
-    facts = []
+    signatures = []
     logic_types = state._logic.types
     for predicate in conjunctive_query(expression).preconditions:
         types = [logic_types.get(t) for t in predicate.signature.types]
         for subtypes in logic_types.multi_subtypes(types):
-            signature = Signature(predicate.signature.name, [t.name for t in subtypes])
-            facts.append(frozenset(state.facts_with_signature(signature)))
-    return tuple(facts)
+            signatures.append(Signature(predicate.signature.name, [t.name for t in subtypes]))
+    return tuple(signatures)
 
 
-class CachedInfos:
-    """Mixed into a loaded ``PddlEnv``'s class: ``_gather_infos`` as textworld's, with each admissible command's
-    derivation memoised (see the module docstring) and the fact list copied once."""
+class ProblemTables:
+    """What :class:`CachedSteps` keeps for one loaded problem (one Fast Downward translation): Fast Downward numbers
+    the grounded operators of a problem once, so everything textworld rebuilds from an operator on every step is a
+    function of its id (its name and arguments, hence the textworld ``Action`` and, for a template whose queries read
+    nothing that changed, the command text), and the facts Fast Downward reports are functions of its atom strings."""
 
-    def _gather_infos(self):
+    FEEDBACK_ENTRIES = 4096  # bound on the memoised feedback texts (keys include changing facts); cleared when full
+
+    def __init__(self, sas: str) -> None:
+        self.sas = sas
+        self.operators: dict[int, tuple[str, Any, int]] = {}  # id -> (name, Action, number of effect atoms)
+        self.commands: dict[tuple, tuple[str, str]] = {}  # (id, facts read) -> (derived template, command)
+        self.effects: dict[bytes, Any] = {}  # Fast Downward atom string -> Proposition (Atom.get_fact)
+        self.feedback: dict[tuple, str] = {}  # (feedback rule, id, facts read) -> text
+        self.plans: dict[tuple[str, str], tuple | None] = {}  # (template, action name) -> CachedSteps._key_plan
+
+
+class CachedFacts:
+    """Mixed into a loaded ``PddlState``'s class: per-signature frozen and sorted copies of its facts, taken when first
+    needed and dropped when a fact of that signature is added or removed. ``_all_applicable_assignments`` is
+    textworld's (``textworld/logic/__init__.py``) with the sorted copy reused instead of sorting the facts of every
+    signature on every query, and memo keys use the frozen copies instead of copying every fact set they name."""
+
+    _mmrl_frozen: dict
+    _mmrl_sorted: dict
+    _mmrl_signatures: dict
+
+    def add_fact(self, prop):
+        self._mmrl_frozen.pop(prop.signature, None)
+        self._mmrl_sorted.pop(prop.signature, None)
+        super().add_fact(prop)
+
+    def remove_fact(self, prop):
+        self._mmrl_frozen.pop(prop.signature, None)
+        self._mmrl_sorted.pop(prop.signature, None)
+        super().remove_fact(prop)
+
+    def frozen_facts(self, signature) -> frozenset:
+        frozen = self._mmrl_frozen.get(signature)
+        if frozen is None:
+            frozen = self._mmrl_frozen[signature] = frozenset(self.facts_with_signature(signature))
+        return frozen
+
+    def sorted_facts(self, signature) -> tuple:
+        ordered = self._mmrl_sorted.get(signature)
+        if ordered is None:
+            ordered = self._mmrl_sorted[signature] = tuple(sorted(self.facts_with_signature(signature)))
+        return ordered
+
+    def _signatures_of(self, predicate_signature) -> tuple:
+        """The signatures of a predicate under every combination of its types' sub-types (fixed per game)."""
+        signatures = self._mmrl_signatures.get(predicate_signature)
+        if signatures is None:
+            types = [self._logic.types.get(t) for t in predicate_signature.types]
+            signatures = self._mmrl_signatures[predicate_signature] = tuple(
+                Signature(predicate_signature.name, [t.name for t in subtypes])
+                for subtypes in self._logic.types.multi_subtypes(types))
+        return signatures
+
+    def _all_applicable_assignments(self, rule, mapping, used_vars, new_phs_by_depth, depth):
+        new_phs = new_phs_by_depth[depth]
+        if depth >= len(rule.preconditions):
+            # as textworld: no applicability constraints on the free variables, solve them unconstrained
+            yield from self._all_assignments(new_phs, mapping, used_vars, False)
+            return
+        pred = rule.preconditions[depth]
+        for signature in self._signatures_of(pred.signature):
+            for prop in self.sorted_facts(signature):
+                for ph, var in zip(pred.parameters, prop.arguments, strict=False):  # as textworld
+                    existing = mapping.get(ph)
+                    if existing is None:
+                        if var in used_vars:
+                            break
+                        mapping[ph] = var
+                        used_vars.add(var)
+                    elif existing != var:
+                        break
+                else:
+                    yield from self._all_applicable_assignments(rule, mapping, used_vars, new_phs_by_depth, depth + 1)
+                for ph in new_phs:  # reset the mapping to what it was before the recursive call
+                    var = mapping.pop(ph, None)
+                    used_vars.discard(var)
+
+
+@functools.cache
+def _with_cached_facts(state_class: type) -> type:
+    return type(f"CachedFacts{state_class.__name__}", (CachedFacts, state_class), {})
+
+
+def cached_facts(state: Any) -> CachedFacts:
+    """``state`` (a loaded ``PddlState``) with :class:`CachedFacts` mixed in (once)."""
+    if not isinstance(state, CachedFacts):
+        state._mmrl_frozen, state._mmrl_sorted, state._mmrl_signatures = {}, {}, {}
+        state.__class__ = _with_cached_facts(type(state))
+    return state
+
+
+class CachedSteps:
+    """Mixed into a loaded ``PddlEnv``'s class: ``step`` and ``_gather_infos`` as textworld's
+    (``textworld/envs/pddl/pddl.py`` and ``PddlState.all_applicable_actions``/``apply``), with per-problem tables
+    (:class:`ProblemTables`) instead of rebuilding operators, effects and texts on every step, and each derived text
+    (admissible commands, the step's feedback) memoised under the facts its templates can read (module docstring)."""
+
+    def _tables(self) -> ProblemTables:
+        """This problem's tables (and its state with :class:`CachedFacts`: a reset builds a new state)."""
+        cached_facts(self._pddl_state)
+        tables = self.__dict__.get("_mmrl_tables")
+        sas = self._pddl_state.sas
+        if tables is None or tables.sas is not sas:
+            if tables is None or tables.sas != sas:  # a new problem (a reset translates the same one again)
+                tables = self.__dict__["_mmrl_tables"] = ProblemTables(sas)
+            tables.sas = sas
+        return tables
+
+    def _applicable_actions(self, tables: ProblemTables) -> list:
+        """``PddlState.all_applicable_actions``: one textworld Action per applicable operator name, in Fast Downward's
+        order; the Action of an operator id is built once per problem (and reused: nothing mutates it after
+        ``_gather_infos`` has set its derived command template)."""
+        import fast_downward
+        from textworld.logic import Action, Placeholder, Variable
+
+        state = self._pddl_state
+        library = state.downward_lib
+        operators = (fast_downward.Operator * library.get_applicable_operators_count())()
+        library.get_applicable_operators(operators)
+        actions = []
+        seen = set()
+        known = tables.operators
+        for operator in operators:
+            entry = known.get(operator.id)
+            if entry is None:
+                name_and_arguments = operator.name
+                name, *arguments = name_and_arguments.split()
+                action = Action(name=name, preconditions=[], postconditions=[])
+                action.id = operator.id
+                action.mapping = {Placeholder(p.name.strip("?"), p.type_name): Variable(arg, p.type_name)
+                                  for p, arg in zip(state._actions[name].parameters, arguments, strict=False)}
+                action.command_template = self._logic.actions[name].template
+                action.feedback_rule = self._logic.actions[name].feedback_rule
+                entry = known[operator.id] = (name_and_arguments, action, operator.nb_effect_atoms)
+            if entry[0] in seen:
+                continue
+            seen.add(entry[0])
+            actions.append(entry[1])
+        return actions
+
+    def _apply(self, action, tables: ProblemTables) -> None:
+        """``PddlState.apply``: Fast Downward applies the operator and reports its effect atoms, which update the
+        facts; each atom string is parsed once per problem."""
+        from textworld.envs.pddl.logic import Atom
+
+        state = self._pddl_state
+        effects = (Atom * tables.operators[action.id][2])()
+        state.downward_lib.apply_operator(action.id, effects)
+        parsed = tables.effects
+        for effect in effects:
+            raw = effect._name
+            prop = parsed.get(raw)
+            if prop is None:
+                prop = parsed[raw] = effect.get_fact(state.name2type)
+            state.remove_fact(prop.negate())
+            state.add_fact(prop)
+
+    def _key_plan(self, template: str, action) -> tuple | None:
+        """How to key ``template`` derived for an operator of ``action``'s kind (its placeholders are those of every
+        operator of that kind), from the template's :class:`Dependencies`: the arguments its queries or expressions
+        can read, the types an argument must have to be excluded from a query's new placeholders
+        (``all_assignments`` never binds a new placeholder to a variable already in the mapping), and per query the
+        signatures whose facts it can read. None: not memoisable."""
+        deps = template_dependencies(self._logic.grammar, template)
+        if deps is _UNCACHEABLE:
+            return None
+        logic_types = self._pddl_state._logic.types
+        read_placeholders: set = set()
+        excludable_types: set[str] = set()
+        signatures = []
+        for query in sorted(deps.queries):
+            signatures.append(query_signatures(self._pddl_state, query))
+            for predicate in conjunctive_query(query).preconditions:
+                for placeholder in predicate.parameters:
+                    if placeholder in action.mapping:
+                        read_placeholders.add(placeholder)
+                    else:
+                        excludable_types.update(t.name for t in logic_types.get(placeholder.type).subtypes)
+        read = tuple(ph for ph in action.mapping if ph in read_placeholders or ph.name in deps.names)
+        excludable = tuple(ph for ph in action.mapping if ph.type in excludable_types)
+        return read, excludable, tuple(signatures)
+
+    def _memo_key(self, template: str, action, tables: ProblemTables, prefix: tuple):
+        """The key ``template`` derived for ``action`` is memoised under in this state (None: derive it every time):
+        the arguments it can read or exclude, and the facts of every signature its queries can read. Operators that
+        differ in nothing their text can read share it ("go to drawer 1" from any start location)."""
+        plan = tables.plans.get((template, action.name), _NONE)
+        if plan is _NONE:
+            plan = tables.plans[(template, action.name)] = self._key_plan(template, action)
+        if plan is None:
+            return None
+        read, excludable, signatures = plan
+        mapping, state = action.mapping, self._pddl_state
+        facts = tuple(tuple(state.frozen_facts(signature) for signature in query) for query in signatures)
+        return (*prefix, template, tuple(mapping[ph] for ph in read), tuple(mapping[ph] for ph in excludable), facts)
+
+    def _context(self, action, facts: list) -> dict[str, Any]:
+        return {"state": self._pddl_state, "facts": facts,
+                "variables": {ph.name: self._entity_infos[var.name] for ph, var in action.mapping.items()},
+                "mapping": action.mapping, "entity_infos": self._entity_infos}
+
+    def step(self, command: str):
+        from textworld.core import GameState
+
+        command = command.strip()
+        self.prev_state = self.state
+        self.state = GameState()
+        self.state.last_command = command
+        self._last_action = None
+        tables = self._tables()
+        facts = None
+        try:
+            # as textworld: the command must be one of the last state's commands, else nothing happens
+            idx = self.prev_state["_valid_commands"].index(command)
+            self._last_action = self.prev_state["_valid_actions"][idx]
+            self._apply(self._last_action, tables)
+            rule = self._last_action.feedback_rule
+            key = self._memo_key(rule, self._last_action, tables, (rule,))
+            feedback = tables.feedback.get(key) if key is not None else None
+            if feedback is None:
+                facts = list(self._pddl_state.facts)
+                feedback = self._logic.grammar.derive(rule, self._context(self._last_action, facts))
+                if key is not None:
+                    if len(tables.feedback) >= tables.FEEDBACK_ENTRIES:
+                        tables.feedback.clear()
+                    tables.feedback[key] = feedback
+            self.state.feedback = feedback
+            self._moves += 1
+        except ValueError:
+            self.state.feedback = "Nothing happens."
+        self.state.raw = self.state.feedback
+        self._gather_infos(facts)
+        if "walkthrough" in self.request_infos.extras:
+            self.state["extra.walkthrough"] = self.prev_state["extra.walkthrough"]
+        self.state["score"] = 1 if self.state["won"] else 0
+        self.state["done"] = self.state["won"] or self.state["lost"]
+        return self.state, self.state["score"], self.state["done"]
+
+    def _gather_infos(self, facts: list | None = None):
+        """``facts``: the state's fact list if the caller has just taken it (the state has not changed since)."""
+        tables = self._tables()
         self.state["command_templates"] = sorted(set(action.template for action in self._logic.actions.values()))
         self.state["won"] = self._pddl_state.check_goal()
         self.state["lost"] = False  # as textworld: the planner is not asked whether the game is lost
         self.state["_entity_infos"] = dict(self._entity_infos)
-        facts = list(self._pddl_state.facts)
+        facts = list(self._pddl_state.facts) if facts is None else facts
         self.state["_facts"] = facts
         if self.request_infos.facts:
             self.state["facts"] = list(map(self._get_human_readable_fact, facts))
         self.state["last_action"] = None
         self.state["_last_action"] = self._last_action
-        self.state["_valid_actions"] = list(self._pddl_state.all_applicable_actions())
+        self.state["_valid_actions"] = self._applicable_actions(tables)
 
         grammar = self._logic.grammar
-        memo = self.__dict__.setdefault("_mmrl_commands", {})
-        read: dict[str, tuple] = {}  # query -> the facts it reads, in this state
-        mapping = {k: info.name for k, info in self._entity_infos.items()}
-        self.state["_valid_commands"] = []
+        memo = tables.commands
+        mapping = None
+        commands = self.state["_valid_commands"] = []
         for action in self.state["_valid_actions"]:
-            template = action.command_template
-            queries = template_queries(grammar, template)
-            key = None
-            if queries is not _UNCACHEABLE:
-                for query in queries:
-                    if query not in read:
-                        read[query] = _facts_read_by(self._pddl_state, query)
-                key = (template, tuple((ph.name, ph.type, var.name, var.type) for ph, var in action.mapping.items()),
-                       tuple(sorted((query, read[query]) for query in queries)))
-                if key in memo:
-                    action.command_template, command = memo[key]
-                    self.state["_valid_commands"].append(command)
-                    continue
-            context = {"state": self._pddl_state, "facts": facts,
-                       "variables": {ph.name: self._entity_infos[var.name] for ph, var in action.mapping.items()},
-                       "mapping": action.mapping, "entity_infos": self._entity_infos}
-            action.command_template = grammar.derive(template, context)
+            template = self._logic.actions[action.name].template  # the action's own (underived) template
+            key = self._memo_key(template, action, tables, ())
+            if key is not None and key in memo:
+                action.command_template, command = memo[key]
+                commands.append(command)
+                continue
+            if mapping is None:
+                mapping = {k: info.name for k, info in self._entity_infos.items()}
+            action.command_template = grammar.derive(template, self._context(action, facts))
             command = action.format_command(mapping)
             if key is not None:
                 memo[key] = (action.command_template, command)
-            self.state["_valid_commands"].append(command)
+            commands.append(command)
 
         # as textworld: sorted, duplicates removed
-        self.state["admissible_commands"] = sorted(set(self.state["_valid_commands"]))
+        self.state["admissible_commands"] = sorted(set(commands))
         if self.request_infos.moves:
             self.state["moves"] = self._moves
         if self.request_infos.policy_commands:
@@ -269,8 +564,8 @@ class CachedInfos:
 
 
 @functools.cache
-def _with_cached_infos(env_class: type) -> type:
-    return type(f"CachedInfos{env_class.__name__}", (CachedInfos, env_class), {})
+def _with_cached_steps(env_class: type) -> type:
+    return type(f"CachedSteps{env_class.__name__}", (CachedSteps, env_class), {})
 
 
 def install(pddl_env: Any) -> None:
@@ -285,5 +580,5 @@ def install(pddl_env: Any) -> None:
         for rule in rules:
             for symbol in rule.rhs:
                 _with_cached_classes(symbol)
-    if not isinstance(pddl_env, CachedInfos):
-        pddl_env.__class__ = _with_cached_infos(type(pddl_env))
+    if not isinstance(pddl_env, CachedSteps):
+        pddl_env.__class__ = _with_cached_steps(type(pddl_env))
