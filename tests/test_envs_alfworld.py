@@ -180,3 +180,74 @@ def test_closed_engines_lend_their_fast_downward_library_to_the_next(alfworld_ga
     for _ in range(5):  # an engine per episode no longer maps a new 34 MB library copy each time
         Engine(games[0]).close()
     assert LIBRARIES.loaded - loaded <= 2
+
+
+def _engine_trace(game_path, template_cache, seed, steps=30, expert=False):
+    """Everything the engine reports over a walkthrough, then a seeded random walk (admissible and invalid commands)
+    with a reset every 9 steps and after a win, from one engine (so the memo carries across resets)."""
+    from mmrl.envs.alfworld.engine import Engine
+    from mmrl.envs.alfworld.env import read_game_meta
+
+    engine = Engine(game_path, template_cache=template_cache, expert=expert)
+    trace = [engine.reset()]
+    for command in read_game_meta(game_path)["walkthrough"]:
+        trace.append(engine.step(command))
+    assert trace[-1].won
+    state = engine.reset()
+    trace.append(state)
+    rng = random.Random(seed)
+    for i in range(steps):
+        state = engine.step(rng.choice(state.admissible + ["nonsense", "take the moon from the sky", " look "]))
+        trace.append(state)
+        if state.won or i % 9 == 8:
+            state = engine.reset()
+            trace.append(state)
+    engine.close()
+    return trace
+
+
+@pytest.mark.parametrize("task_type", ["pick_two_obj_and_place", "pick_heat_then_place_in_recep",
+                                       "look_at_obj_in_light"])
+def test_memoised_engine_reports_byte_identical_episodes(alfworld_games, task_type):
+    """Feedback, admissible commands and won of full episodes (walkthrough wins, random walks with resets, invalid
+    commands) are the same with the memoised step (template_cache=True) as with textworld's own (False)."""
+    game = game_of(alfworld_games, task_type)
+    cached, plain = _engine_trace(game.path, True, seed=3), _engine_trace(game.path, False, seed=3)
+    assert len(cached) == len(plain) > 30
+    for i, (a, b) in enumerate(zip(cached, plain, strict=True)):
+        assert (a.feedback, a.admissible, a.won) == (b.feedback, b.admissible, b.won), f"state {i} differs"
+
+
+def test_memoised_engine_keeps_the_planner_exact(alfworld_games):
+    """expert=True (games.generate's solvability check): the planner's plan after every step is unchanged too."""
+    game = game_of(alfworld_games, "pick_clean_then_place_in_recep")
+    cached = _engine_trace(game.path, True, seed=5, steps=12, expert=True)
+    plain = _engine_trace(game.path, False, seed=5, steps=12, expert=True)
+    assert all(state.plan is not None for state in cached)
+    assert cached == plain
+
+
+def test_the_memo_is_consulted_so_the_comparison_can_fail(alfworld_games):
+    """The byte-identity tests compare two different code paths: with the cache on, a replayed episode's texts come
+    from the memo (poisoning it changes what the engine reports), with it off they do not."""
+    from mmrl.envs.alfworld.engine import Engine
+    from mmrl.envs.alfworld.template_cache import CachedSteps
+    from mmrl.envs.alfworld.env import read_game_meta
+
+    game = game_of(alfworld_games, "pick_and_place_simple")
+    walkthrough = read_game_meta(game.path)["walkthrough"]
+    plain, cached = Engine(game.path, template_cache=False), Engine(game.path)
+    assert not isinstance(plain._pddl_env(), CachedSteps) and isinstance(cached._pddl_env(), CachedSteps)
+    first = [cached.reset()] + [cached.step(command) for command in walkthrough]
+    tables = cached._pddl_env()._mmrl_tables
+    assert tables.feedback and tables.commands
+    for key in tables.feedback:
+        tables.feedback[key] = "poisoned"
+    cached.reset()
+    assert cached.step(walkthrough[0]).feedback == "poisoned" != first[1].feedback
+    for key in tables.commands:
+        tables.commands[key] = ("poisoned", "poisoned")
+    assert cached.reset().admissible == ["poisoned"]
+    assert plain.reset() == first[0]
+    for engine in (plain, cached):
+        engine.close()
