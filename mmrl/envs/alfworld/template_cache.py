@@ -28,6 +28,7 @@ byte-identical observations and admissible commands with and without it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import Any
@@ -289,7 +290,8 @@ class ProblemTables:
         self.sas = sas
         self.operators: dict[int, tuple[str, Any, int]] = {}  # id -> (name, Action, number of effect atoms)
         self.commands: dict[tuple, tuple[str, str]] = {}  # (id, facts read) -> (derived template, command)
-        self.effects: dict[bytes, Any] = {}  # Fast Downward atom string -> Proposition (Atom.get_fact)
+        self.effects: dict[bytes, tuple] = {}  # Fast Downward atom string -> (its Proposition, that one's negation)
+        self.command_templates: list[str] | None = None  # state["command_templates"]: fixed per game
         self.feedback: dict[tuple, str] = {}  # (feedback rule, id, facts read) -> text
         self.plans: dict[tuple[str, str], tuple | None] = {}  # (template, action name) -> CachedSteps._key_plan
 
@@ -374,6 +376,57 @@ def cached_facts(state: Any) -> CachedFacts:
     return state
 
 
+def translated_state(downward_lib: Any, pddl_problem: str, logic: Any, translated: Any) -> Any:
+    """textworld's ``PddlState(downward_lib, pddl_problem, logic)`` (``textworld/envs/pddl/logic/__init__.py``), with
+    Fast Downward's two translations of the problem (``pddl2sas``, plain and optimised: ~80 ms, most of a reset)
+    taken from ``translated``, an earlier state of the same problem. The translator's output is a function of the
+    domain and problem texts (it sorts what it emits; the same problem translates to the same SAS text every time),
+    and the state only reads the translated task."""
+    import fast_downward
+    from textworld.envs.pddl.logic import Atom, PddlState
+    from textworld.logic import Proposition, Type, Variable
+
+    state = PddlState.__new__(PddlState)
+    state._facts = collections.defaultdict(set)
+    state._vars_by_name = {}
+    state._vars_by_type = collections.defaultdict(set)
+    state._var_counts = collections.Counter()
+    state._logic = logic
+    state.downward_lib = downward_lib
+    state.pddl_problem = pddl_problem
+    state.task, state.sas, state.sas_replan = translated.task, translated.sas, translated.sas_replan
+    state._actions = {a.name: a for a in state.task.actions}
+    for type_ in state.task.types:
+        try:
+            logic.types.add(Type(type_.name, type_.supertype_names))
+        except ValueError:  # as textworld: already known
+            pass
+    downward_lib.load_sas(state.sas.encode("utf-8"))
+    downward_lib.load_sas_replan(state.sas_replan.encode("utf-8"))
+    state.name2type = {o.name: o.type_name for o in state.task.objects}
+
+    def proposition(atom):  # textworld's _atom2proposition
+        if isinstance(atom, fast_downward.translate.pddl.conditions.Atom):
+            if atom.predicate == "=":
+                return None
+            return Proposition(atom.predicate, [Variable(arg, state.name2type[arg]) for arg in atom.args])
+        if isinstance(atom, fast_downward.translate.pddl.f_expression.Assign):
+            if atom.fluent.symbol == "total-cost":
+                return None
+            name = f"{atom.expression.value}"
+            if str.isdigit(name):  # distance relations are discarded
+                return None
+            return Proposition(name, [Variable(arg, state.name2type[arg]) for arg in atom.fluent.args])
+        return None
+
+    state.add_facts(list(filter(None, map(proposition, state.task.init))))
+    atoms = (Atom * downward_lib.get_state_size())()
+    downward_lib.get_state(atoms)
+    facts = [atom.get_fact(state.name2type) for atom in atoms]
+    state.add_facts([fact for fact in facts if not fact.is_negation])
+    return state
+
+
 class CachedSteps:
     """Mixed into a loaded ``PddlEnv``'s class: ``step`` and ``_gather_infos`` as textworld's
     (``textworld/envs/pddl/pddl.py`` and ``PddlState.all_applicable_actions``/``apply``), with per-problem tables
@@ -434,11 +487,12 @@ class CachedSteps:
         parsed = tables.effects
         for effect in effects:
             raw = effect._name
-            prop = parsed.get(raw)
-            if prop is None:
-                prop = parsed[raw] = effect.get_fact(state.name2type)
-            state.remove_fact(prop.negate())
-            state.add_fact(prop)
+            entry = parsed.get(raw)
+            if entry is None:
+                prop = effect.get_fact(state.name2type)
+                entry = parsed[raw] = (prop, prop.negate())
+            state.remove_fact(entry[1])
+            state.add_fact(entry[0])
 
     def _key_plan(self, template: str, action) -> tuple | None:
         """How to key ``template`` derived for an operator of ``action``'s kind (its placeholders are those of every
@@ -484,6 +538,25 @@ class CachedSteps:
                 "variables": {ph.name: self._entity_infos[var.name] for ph, var in action.mapping.items()},
                 "mapping": action.mapping, "entity_infos": self._entity_infos}
 
+    def reset(self):
+        """textworld's ``PddlEnv.reset``, with the problem's translation reused (:func:`translated_state`)."""
+        from textworld.core import GameState
+
+        self._pddl_state = translated_state(self.downward_lib, self._game_data["pddl_problem"], self._logic,
+                                            self._pddl_state)
+        self.prev_state = None
+        self.state = GameState()
+        self._last_action = None
+        self._moves = 0
+        context = {"state": self._pddl_state, "facts": list(self._pddl_state.facts), "variables": {}, "mapping": {},
+                   "entity_infos": self._entity_infos}
+        self.state.feedback = self._logic.grammar.derive("#intro#", context)
+        self.state.raw = self.state.feedback
+        self._gather_infos()
+        if "walkthrough" in self.request_infos.extras:
+            self.state["extra.walkthrough"] = self.walkthrough or self._pddl_state.replan(self._entity_infos)
+        return self.state
+
     def step(self, command: str):
         from textworld.core import GameState
 
@@ -524,7 +597,9 @@ class CachedSteps:
     def _gather_infos(self, facts: list | None = None):
         """``facts``: the state's fact list if the caller has just taken it (the state has not changed since)."""
         tables = self._tables()
-        self.state["command_templates"] = sorted(set(action.template for action in self._logic.actions.values()))
+        if tables.command_templates is None:
+            tables.command_templates = sorted(set(action.template for action in self._logic.actions.values()))
+        self.state["command_templates"] = list(tables.command_templates)
         self.state["won"] = self._pddl_state.check_goal()
         self.state["lost"] = False  # as textworld: the planner is not asked whether the game is lost
         self.state["_entity_infos"] = dict(self._entity_infos)
