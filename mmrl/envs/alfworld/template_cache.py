@@ -1,4 +1,5 @@
-"""Memoised text-template parsing for TextWorld's PDDL engine; the text it produces is unchanged byte for byte.
+"""The memoised step of TextWorld's PDDL engine: parses, texts, operators and translations computed once; everything
+it reports (feedback, admissible commands, won, the planner's plan) is unchanged byte for byte.
 
 Profile of one ALFWorld step (textworld 1.7, ``PddlEnv.step``): about three quarters of the time goes to the tatsu
 PEG parser, re-parsing the same few dozen strings on every step: each admissible command's template
@@ -7,23 +8,35 @@ PEG parser, re-parsing the same few dozen strings on every step: each admissible
 
 - symbol lists are cached pristine and handed out as deep copies (the derivation mutates the symbols it gets);
 - conjunctive queries are cached as ``Rule`` objects and shared (``State.all_assignments`` only reads them);
+- ``{expression}`` parts are compiled once (textgen's ``eval`` of the string compiled it on every use), and a
+  template made only of text and such parts is evaluated directly (:func:`flat_plan`);
 - the per-symbol contexts are copied one level deep instead of deep-copied (see :func:`fresh_context`), and symbols
   are cloned by :func:`clone_symbol` instead of ``copy.deepcopy``.
 
-Once parsing is memoised, most of a step is deriving the text of every admissible command (``PddlEnv._gather_infos``:
-one grammar derivation per applicable action, each with its own copy of the state's fact list). A command's text is
-a function of its template, the action's arguments and the facts its template's queries can read (the conditions and
-``{x | query}`` parts reachable from the template through the grammar), and nothing else: the entity names are fixed
-per game. :class:`CachedInfos` memoises each command under exactly that key (the facts of every predicate the
-template can query, with the predicate's sub-types), so "go to drawer 1" is derived once per game while the drawers'
-locations stay the same, and a template whose text could depend on anything else (a free variable) is derived every
-time. The fact list is copied once per step instead of once per action.
+Once parsing is memoised, a step is deriving texts: the feedback, and the text of every admissible command (one
+grammar derivation per applicable operator). A text is a function of its template, the arguments its queries and
+expressions can read, the arguments a query's new placeholders must not take (``all_assignments`` skips variables
+already in the mapping) and the facts its queries can read (the conditions and ``{x | query}`` parts reachable from
+the template through the grammar, each predicate with its sub-types), and nothing else: the entity names are fixed per
+game. :class:`CachedSteps` memoises the commands and the feedback under exactly that key (:meth:`CachedSteps._key_plan`
+works out what it is from the template, once per template and kind of action), so "go to drawer 1" is derived once
+per game, from whichever location, while the drawers' locations stay the same, and "You arrive at drawer 1. ..." once
+per state of what it describes; a template whose text could depend on anything else (an expression that can read
+textgen's own frame, a symbol kind this analysis does not know) is derived every time. The facts a key names are
+frozen once per change (:class:`CachedFacts`, which also keeps each signature's facts sorted for the queries instead of
+sorting them on every query).
+
+The rest of a step rebuilt per-problem constants: the textworld ``Action`` of every applicable Fast Downward operator
+(a function of the operator's id, :class:`ProblemTables`), the parsed effect atoms, and at every reset the problem's
+two Fast Downward translations (~80 ms, most of a reset: :func:`translated_state`).
 
 It is enabled per environment, never globally: :func:`install` swaps the class of one loaded game's grammar and of
-the conditional symbols in its rules for the subclasses below, whose ``derive``/``replace`` run the same algorithm as
-textworld's (``textworld/envs/pddl/textgen/__init__.py``) with the parses memoised, and the class of the env for one
-whose ``_gather_infos`` memoises the commands. ``tests/test_envs_alfworld.py`` checks that full episodes give
-byte-identical observations and admissible commands with and without it.
+the symbols in its rules for the subclasses below, whose ``derive``/``replace`` run the same algorithm as textworld's
+(``textworld/envs/pddl/textgen/__init__.py``) with the parses memoised, and the class of the env for one whose
+``reset``/``step``/``_gather_infos`` are textworld's (``textworld/envs/pddl/pddl.py``) with the memos above; the
+memos live in the env (per engine), so nothing is shared between processes or games. ``tests/test_envs_alfworld.py``
+checks that full episodes (walkthroughs, random walks with resets and invalid commands, the planner's plans) are
+byte-identical with and without it, and that the memo is what answers.
 """
 
 from __future__ import annotations
