@@ -302,11 +302,8 @@ class ProblemTables:
     def __init__(self, sas: str) -> None:
         self.sas = sas
         self.operators: dict[int, tuple[str, Any, int]] = {}  # id -> (name, Action, number of effect atoms)
-        self.commands: dict[tuple, tuple[str, str]] = {}  # memo key -> (derived template, command)
-        self.fixed_commands: dict[int, tuple[str, str]] = {}  # id -> the same, for a template that reads no fact
+        self.commands: dict[tuple, tuple[str, str]] = {}  # (id, facts read) -> (derived template, command)
         self.effects: dict[bytes, tuple] = {}  # Fast Downward atom string -> (its Proposition, that one's negation)
-        self.placeholders: dict[str, tuple] = {}  # action name -> its parameters as textworld Placeholders
-        self.variables: dict[tuple[str, str], Any] = {}  # (name, type) -> Variable (immutable, shared)
         self.command_templates: list[str] | None = None  # state["command_templates"]: fixed per game
         self.feedback: dict[tuple, str] = {}  # (feedback rule, id, facts read) -> text
         self.plans: dict[tuple[str, str], tuple | None] = {}  # (template, action name) -> CachedSteps._key_plan
@@ -481,16 +478,8 @@ class CachedSteps:
                 name, *arguments = name_and_arguments.split()
                 action = Action(name=name, preconditions=[], postconditions=[])
                 action.id = operator.id
-                placeholders = tables.placeholders.get(name)
-                if placeholders is None:
-                    placeholders = tables.placeholders[name] = tuple(
-                        Placeholder(p.name.strip("?"), p.type_name) for p in state._actions[name].parameters)
-                mapping = action.mapping = {}
-                for placeholder, argument in zip(placeholders, arguments, strict=False):  # as textworld
-                    variable = tables.variables.get((argument, placeholder.type))
-                    if variable is None:
-                        variable = tables.variables[argument, placeholder.type] = Variable(argument, placeholder.type)
-                    mapping[placeholder] = variable
+                action.mapping = {Placeholder(p.name.strip("?"), p.type_name): Variable(arg, p.type_name)
+                                  for p, arg in zip(state._actions[name].parameters, arguments, strict=False)}
                 action.command_template = self._logic.actions[name].template
                 action.feedback_rule = self._logic.actions[name].feedback_rule
                 entry = known[operator.id] = (name_and_arguments, action, operator.nb_effect_atoms)
@@ -639,27 +628,20 @@ class CachedSteps:
         memo = tables.commands
         mapping = None
         commands = self.state["_valid_commands"] = []
-        fixed = tables.fixed_commands
         for action in self.state["_valid_actions"]:
-            entry = fixed.get(action.id)
-            if entry is not None:
-                action.command_template, command = entry
-                commands.append(command)
-                continue
             template = self._logic.actions[action.name].template  # the action's own (underived) template
             key = self._memo_key(template, action, tables, ())
-            entry = memo.get(key) if key is not None else None
-            if entry is None:
-                if mapping is None:
-                    mapping = {k: info.name for k, info in self._entity_infos.items()}
-                action.command_template = grammar.derive(template, self._context(action, facts))
-                entry = (action.command_template, action.format_command(mapping))
-                if key is not None:
-                    memo[key] = entry
-            action.command_template, command = entry
+            if key is not None and key in memo:
+                action.command_template, command = memo[key]
+                commands.append(command)
+                continue
+            if mapping is None:
+                mapping = {k: info.name for k, info in self._entity_infos.items()}
+            action.command_template = grammar.derive(template, self._context(action, facts))
+            command = action.format_command(mapping)
+            if key is not None:
+                memo[key] = (action.command_template, command)
             commands.append(command)
-            if key is not None and not tables.plans[template, action.name][2]:  # its text reads no fact: fixed
-                fixed[action.id] = entry
 
         # as textworld: sorted, duplicates removed
         self.state["admissible_commands"] = sorted(set(commands))
