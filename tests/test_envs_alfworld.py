@@ -231,8 +231,8 @@ def test_the_memo_is_consulted_so_the_comparison_can_fail(alfworld_games):
     """The byte-identity tests compare two different code paths: with the cache on, a replayed episode's texts come
     from the memo (poisoning it changes what the engine reports), with it off they do not."""
     from mmrl.envs.alfworld.engine import Engine
-    from mmrl.envs.alfworld.template_cache import CachedSteps
     from mmrl.envs.alfworld.env import read_game_meta
+    from mmrl.envs.alfworld.template_cache import CachedSteps
 
     game = game_of(alfworld_games, "pick_and_place_simple")
     walkthrough = read_game_meta(game.path)["walkthrough"]
