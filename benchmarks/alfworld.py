@@ -20,6 +20,9 @@ The warm start of docs/alfworld.md in one command (~1.3 h of SFT on 2 idle cores
     python benchmarks/alfworld.py --pre-sft-steps 900 --n-per-type 250 --demos-per-row 2 --sft-steps 900 \
         --sft-eval-every 300 --rl-steps 0
     python benchmarks/alfworld.py --n-per-type 250 --reuse-warm-start --rl-seeds 0,1,2 --rl-steps 12 --eval-every 4
+
+Seeds can also run as separate processes side by side (``--rl-seeds 1 --out <dir>-s1``, each out dir linking the
+warm start); ``--merge <dir>-s0,<dir>-s1,<dir>-s2 --out <dir>`` then pools their tables, significance and curves.
 """
 
 from __future__ import annotations
@@ -266,9 +269,15 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=2, help="episodes per held-out game when sampling")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/alfworld")
+    parser.add_argument("--merge", default="",
+                        help="comma-separated --out dirs of earlier runs (e.g. one RL seed each, run side by side): "
+                             "pool their results into --out and stop")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     out = Path(args.out)
+    if args.merge:
+        merge([Path(d) for d in args.merge.split(",") if d], out)
+        return
+    torch.set_num_threads(args.threads)
     games = Path(args.games_root) if args.games_root else out / "games"
     if not args.games_root and not (games / "COMPLETE").is_file():  # the benchmark's own set: its types and rooms
         generate_games(games, n_per_type=args.n_per_type, n_eval_per_type=args.n_eval_per_type, seed=0,
@@ -283,7 +292,9 @@ def main() -> None:
     warm_rows, rl_rows, type_rows, curves = [], [], [], {}
     for seed in map(int, args.seeds.split(",")):
         warm_dir, record = warm_start(args, games, seed, out / f"sft-seed{seed}")
-        warm_rows.append({"seed": seed, "steps": args.sft_steps, "seconds": record["sft_seconds"],
+        # steps and seconds of the (last part of the) warm-up that made this model, also when it is reused
+        warm_rows.append({"seed": seed, "steps": record["curve"][-1][0] if record["curve"] else 0,
+                          "seconds": record["sft_seconds"],
                           **{k: v["pass@1"] for k, v in record["final"].items()},
                           "valid_action (seen, greedy)": record["final"]["valid_seen/greedy"]["valid_action_rate"]})
         type_rows.append({"model": f"warm start, seed {seed}", **per_type(record["final"]["valid_seen/greedy"])})
@@ -315,9 +326,45 @@ def main() -> None:
             rl_rows.append(row)
             type_rows.append({"model": f"{algo}, RL seed {rl_seed}, step {args.rl_steps}",
                               **per_type(final["valid_seen"][0])})
+    meta = {"machine": platform.platform(), "threads": args.threads, "args": vars(args)}
+    report(out, meta, warm_rows, rl_rows, type_rows, curves)
+
+
+def merge(dirs: list[Path], out: Path) -> None:
+    """Pool the results of runs made as separate processes (e.g. one ``--rl-seeds`` each, side by side) into one
+    report in ``out``: their RL rows, per-type rows and curves, the warm start once, and the gain and sign test
+    recomputed over all of them. Every run must share the warm start (the same start success per split)."""
+    if any(d.resolve() == out.resolve() for d in dirs):
+        raise SystemExit(f"--merge: --out {out} is one of the merged runs; its results would be overwritten")
+    runs = []
+    for d in dirs:
+        path = d / "alfworld.json"
+        if not path.is_file():
+            raise SystemExit(f"--merge: {path} does not exist (run the benchmark with --out {d} first)")
+        runs.append(json.loads(path.read_text()))
+    starts = {(r["held-out greedy, start"], r["unseen, start"]) for run in runs for r in run["rl"]}
+    if len(starts) > 1:
+        raise SystemExit(f"--merge: the runs start from different warm starts (start success {sorted(starts)})")
+    warm_rows = list({json.dumps(w, sort_keys=True): w for run in runs for w in run["warm_start"]}.values())
+    rl_rows = [r for run in runs for r in run["rl"]]
+    type_rows = list({row["model"]: row for run in runs for row in run["per_type"]}.values())
+    curves = {tuple_key(name): curve for run in runs for name, curve in run["curves"].items()}
+    meta = {"machine": platform.platform(), "merged": [str(d) for d in dirs],
+            "args": [run["meta"]["args"] for run in runs]}
+    report(out, meta, warm_rows, rl_rows, type_rows, curves)
+
+
+def tuple_key(name: str) -> tuple[str, int]:
+    """("gmpo", 1) from the JSON's curve name "gmpo-seed1"."""
+    algo, seed = name.rsplit("-seed", 1)
+    return algo, int(seed)
+
+
+def report(out: Path, meta: dict, warm_rows: list, rl_rows: list, type_rows: list, curves: dict) -> None:
+    """Print the tables, and write alfworld.json and alfworld.png of the curves to ``out``."""
+    algos = list(dict.fromkeys(r["algorithm"] for r in rl_rows))
     significance = [summarise_gain(algo, [r for r in rl_rows if r["algorithm"] == algo], split)
-                    for algo in args.algos.split(",") for split in ("valid_seen", "valid_unseen")
-                    if any(r["algorithm"] == algo for r in rl_rows)]
+                    for algo in algos for split in ("valid_seen", "valid_unseen")]
     for title, rows in (("warm start (held-out pass@1)", warm_rows), ("RL from the warm start", rl_rows),
                         ("RL gain over seeds, and the sign test over (seed, game) pairs", significance),
                         ("held-out greedy success per task type (valid_seen)", type_rows)):
@@ -329,7 +376,6 @@ def main() -> None:
         for row in rows:
             print(" | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": platform.platform(), "threads": args.threads, "args": vars(args)}
     (out / "alfworld.json").write_text(json.dumps({"meta": meta, "warm_start": warm_rows, "rl": rl_rows,
                                                    "significance": significance, "per_type": type_rows,
                                                    "curves": {f"{a}-seed{s}": c for (a, s), c in curves.items()}},
