@@ -251,6 +251,9 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4, help="episodes per game (group) in RL")
     parser.add_argument("--temperature", type=float, default=0.7, help="RL rollout temperature")
     parser.add_argument("--rl-lr", type=float, default=2e-4)
+    parser.add_argument("--rl-warmup-steps", type=int, default=0,
+                        help="optimizer steps of linear lr warm-up from 0 in RL (Adam's first step moves every weight "
+                             "by the full lr)")
     parser.add_argument("--epochs", type=int, default=2,
                         help="update epochs per rollout: with 1, GMPO and GRPO take the same gradient (ratio 1)")
     parser.add_argument("--seeds", default="0")
@@ -288,7 +291,7 @@ def main() -> None:
             **{f"task.{k}": v for k, v in task_options(args, games).items()},
             "run.eval_temperature": 0.0, "rollout.temperature": args.temperature, "optim.lr": args.rl_lr,
             "rollout.prompts_per_step": args.games_per_step, "rollout.samples_per_prompt": args.group_size,
-            "optim.epochs": args.epochs, "sft.steps": 0}
+            "optim.epochs": args.epochs, "optim.warmup_steps": args.rl_warmup_steps, "sft.steps": 0}
     warm_rows, rl_rows, type_rows, curves = [], [], [], {}
     for seed in map(int, args.seeds.split(",")):
         warm_dir, record = warm_start(args, games, seed, out / f"sft-seed{seed}")
