@@ -247,6 +247,8 @@ def main() -> None:
                         help="continue each RL run of --out from its last checkpoint up to --rl-steps (a longer run; "
                              "every run must have a checkpoint; 'seconds' then counts this call's part)")
     parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="RL steps between checkpoints (0: only at the end or on SIGINT/SIGTERM)")
     parser.add_argument("--games-per-step", type=int, default=4, help="groups per RL step")
     parser.add_argument("--group-size", type=int, default=4, help="episodes per game (group) in RL")
     parser.add_argument("--temperature", type=float, default=0.7, help="RL rollout temperature")
@@ -291,7 +293,8 @@ def main() -> None:
             **{f"task.{k}": v for k, v in task_options(args, games).items()},
             "run.eval_temperature": 0.0, "rollout.temperature": args.temperature, "optim.lr": args.rl_lr,
             "rollout.prompts_per_step": args.games_per_step, "rollout.samples_per_prompt": args.group_size,
-            "optim.epochs": args.epochs, "optim.warmup_steps": args.rl_warmup_steps, "sft.steps": 0}
+            "optim.epochs": args.epochs, "optim.warmup_steps": args.rl_warmup_steps, "sft.steps": 0,
+            "run.checkpoint_every": args.checkpoint_every}
     warm_rows, rl_rows, type_rows, curves = [], [], [], {}
     for seed in map(int, args.seeds.split(",")):
         warm_dir, record = warm_start(args, games, seed, out / f"sft-seed{seed}")
