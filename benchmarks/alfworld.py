@@ -255,7 +255,8 @@ def main() -> None:
     parser.add_argument("--rl-lr", type=float, default=2e-4)
     parser.add_argument("--rl-warmup-steps", type=int, default=0,
                         help="optimizer steps of linear lr warm-up from 0 in RL (Adam's first step moves every weight "
-                             "by the full lr)")
+                             "by the full lr); 0 here, unlike the task's default of 10, so that the commands of "
+                             "sessions 7-11 reproduce")
     parser.add_argument("--epochs", type=int, default=2,
                         help="update epochs per rollout: with 1, GMPO and GRPO take the same gradient (ratio 1)")
     parser.add_argument("--seeds", default="0")
