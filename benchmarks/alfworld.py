@@ -54,6 +54,7 @@ from mmrl.trainer.config import resolve_config  # noqa: E402
 from mmrl.trainer.evaluate import evaluate_episode_groups  # noqa: E402
 from mmrl.trainer.local import build_trainer  # noqa: E402
 from mmrl.trainer.metrics import read_metrics  # noqa: E402
+from mmrl.trainer.schedule import SCHEDULES  # noqa: E402
 from mmrl.trainer.sft import render_demonstrations, sft_warmup  # noqa: E402
 
 EVAL_KEYS = ("pass@1", "valid_action_rate", "format_rate", "episode_length")
@@ -227,7 +228,7 @@ def task_options(args, games: Path) -> dict:
             "max_eval_games": 0}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init-model", default=ALFWORLD_DEFAULTS["model.name"],
                         help="model the warm-up starts from (default: the embedded agent model)")
@@ -257,6 +258,10 @@ def main() -> None:
                         help="optimizer steps of linear lr warm-up from 0 in RL (Adam's first step moves every weight "
                              "by the full lr); 0 here, unlike the task's default of 10, so that the commands of "
                              "sessions 7-11 reproduce")
+    parser.add_argument("--rl-schedule", default="constant", choices=SCHEDULES,
+                        help="RL lr after warm-up (optim.schedule): session 13's 50-step runs peaked at steps 10-30 "
+                             "and fell back under the constant lr")
+    parser.add_argument("--rl-min-lr-ratio", type=float, default=0.0, help="cosine's floor (optim.min_lr_ratio)")
     parser.add_argument("--epochs", type=int, default=2,
                         help="update epochs per rollout: with 1, GMPO and GRPO take the same gradient (ratio 1)")
     parser.add_argument("--seeds", default="0")
@@ -278,7 +283,22 @@ def main() -> None:
     parser.add_argument("--merge", default="",
                         help="comma-separated --out dirs of earlier runs (e.g. one RL seed each, run side by side): "
                              "pool their results into --out and stop")
-    args = parser.parse_args()
+    return parser
+
+
+def rl_base_overrides(args, games: Path) -> dict:
+    """The config overrides every RL run of this benchmark shares (the run's model, algorithm and seed go on top)."""
+    return {**ALFWORLD_DEFAULTS, "task.name": "alfworld", "model.threads": args.threads,
+            **{f"task.{k}": v for k, v in task_options(args, games).items()},
+            "run.eval_temperature": 0.0, "rollout.temperature": args.temperature, "optim.lr": args.rl_lr,
+            "rollout.prompts_per_step": args.games_per_step, "rollout.samples_per_prompt": args.group_size,
+            "optim.epochs": args.epochs, "optim.warmup_steps": args.rl_warmup_steps,
+            "optim.schedule": args.rl_schedule, "optim.min_lr_ratio": args.rl_min_lr_ratio, "sft.steps": 0,
+            "run.checkpoint_every": args.checkpoint_every}
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     out = Path(args.out)
     if args.merge:
         merge([Path(d) for d in args.merge.split(",") if d], out)
@@ -290,12 +310,7 @@ def main() -> None:
                        task_types=selected_types(args), n_receptacles=args.receptacles,
                        n_distractors=args.distractors)
         (games / "COMPLETE").write_text("done\n")
-    base = {**ALFWORLD_DEFAULTS, "task.name": "alfworld", "model.threads": args.threads,
-            **{f"task.{k}": v for k, v in task_options(args, games).items()},
-            "run.eval_temperature": 0.0, "rollout.temperature": args.temperature, "optim.lr": args.rl_lr,
-            "rollout.prompts_per_step": args.games_per_step, "rollout.samples_per_prompt": args.group_size,
-            "optim.epochs": args.epochs, "optim.warmup_steps": args.rl_warmup_steps, "sft.steps": 0,
-            "run.checkpoint_every": args.checkpoint_every}
+    base = rl_base_overrides(args, games)
     warm_rows, rl_rows, type_rows, curves = [], [], [], {}
     for seed in map(int, args.seeds.split(",")):
         warm_dir, record = warm_start(args, games, seed, out / f"sft-seed{seed}")

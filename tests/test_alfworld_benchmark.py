@@ -1,0 +1,52 @@
+"""benchmarks/alfworld.py builds its RL runs' config from its flags: the flags reach the resolved config, and the
+defaults keep the commands of earlier sessions reproducible (no engine, no model)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from mmrl.trainer.config import resolve_config, validate
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "alfworld.py"
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    # loaded under its own name: the script shares its file name with the ``alfworld`` package
+    spec = importlib.util.spec_from_file_location("mmrl_alfworld_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rl_config(benchmark, flags: list[str], games: Path):
+    args = benchmark.build_parser().parse_args(flags)
+    cfg = resolve_config([(benchmark.rl_base_overrides(args, games), "benchmark")])
+    validate(cfg)  # what build_trainer checks at start
+    return cfg
+
+
+def test_default_flags_keep_the_constant_lr_of_sessions_7_to_12(benchmark, tmp_path):
+    cfg = rl_config(benchmark, [], tmp_path)
+    assert (cfg.optim.warmup_steps, cfg.optim.schedule, cfg.optim.min_lr_ratio) == (0, "constant", 0.0)
+    assert cfg.optim.lr == 2e-4 and cfg.optim.epochs == 2 and cfg.task.options["games_root"] == str(tmp_path)
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.rollout.temperature) == (4, 4, 0.7)
+
+
+def test_lr_schedule_flags_reach_the_config(benchmark, tmp_path):
+    cfg = rl_config(benchmark, ["--rl-warmup-steps", "10", "--rl-schedule", "cosine", "--rl-min-lr-ratio", "0.1",
+                                "--rl-lr", "1e-4"], tmp_path)
+    assert (cfg.optim.warmup_steps, cfg.optim.schedule, cfg.optim.min_lr_ratio, cfg.optim.lr) == (10, "cosine", 0.1,
+                                                                                                   1e-4)
+
+
+def test_a_floor_without_cosine_fails_at_start(benchmark, tmp_path):
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        rl_config(benchmark, ["--rl-min-lr-ratio", "0.1"], tmp_path)
+
+
+def test_an_unknown_schedule_is_refused_by_the_parser(benchmark):
+    with pytest.raises(SystemExit):
+        benchmark.build_parser().parse_args(["--rl-schedule", "step"])
