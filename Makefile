@@ -12,6 +12,10 @@ STEPS ?= 40
 EXTRAS ?= dev,gguf,vision,alfworld
 ALGO ?= gpg
 TASK ?= geoqa
+# `make test` runs the suite in pytest-xdist workers, one per core up to 4; TEST_WORKERS=0 runs it in one process.
+# --dist loadfile: a module's tests share a worker, so its module-scoped fixtures (a local Ray cluster, a DeepSpeed
+# process group) start once, as in one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 
 .PHONY: setup demo test test-fast lint bench clean
 
@@ -42,10 +46,10 @@ demo: setup
 	@echo "curves: runs/demo-$(ALGO)/curves.png"
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check mmrl tests benchmarks docker

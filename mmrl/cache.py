@@ -8,10 +8,12 @@ so that nobody's cached model is overwritten.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 EMBEDDED_NAME = "embedded:tiny-qwen2"  # the text default
@@ -32,27 +34,42 @@ RECIPE_VERSIONS = {EMBEDDED_NAME: RECIPE_VERSION, EMBEDDED_MOE_NAME: MOE_RECIPE_
 
 
 def cache_root() -> Path:
-    """``$MMRL_CACHE``, default ``~/.cache/mmrl``."""
-    return Path(os.environ.get("MMRL_CACHE", Path.home() / ".cache" / "mmrl"))
+    """``$MMRL_CACHE`` (unset or empty: ``~/.cache/mmrl``)."""
+    return Path(os.environ.get("MMRL_CACHE") or Path.home() / ".cache" / "mmrl")
 
 
-def build_once(target: Path, build: Callable[[Path], None], marker: str) -> Path:
-    """``target``, built by ``build(tmp_dir)`` unless ``target/marker`` exists. Built in a temporary sibling directory
-    and renamed into place, so a concurrent reader sees either nothing or the whole result; if another process
-    finished first, its result stays."""
-    if (target / marker).exists():
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Holds an exclusive ``flock`` on ``path`` (created if missing, never truncated) until the block ends."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_once(target: Path, build: Callable[[Path], None], marker: str, *, force: bool = False) -> Path:
+    """``target``, built by ``build(tmp_dir)`` unless ``target/marker`` exists (or ``force``).
+
+    One builder at a time per target: processes that start on an empty cache together (parallel test workers, runs
+    side by side) queue on the lock file ``.<target name>.lock`` beside it, and those that find the marker once they
+    hold the lock use the first one's result instead of building it again. The result is built in a temporary sibling
+    directory and renamed into place, so a reader that does not take the lock sees either nothing or the whole result.
+    """
+    if (target / marker).exists() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
-    try:
-        build(tmp)
-        if (target / marker).exists():
-            shutil.rmtree(tmp)
-            return target
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with exclusive_lock(target.parent / f".{target.name}.lock"):
+        if (target / marker).exists() and not force:
+            return target  # built by the process that held the lock before this one
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".building-{target.name}-"))
+        try:
+            build(tmp)
+            if target.exists():  # an unfinished or forced-out earlier copy: this process holds the lock
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return target

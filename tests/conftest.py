@@ -11,7 +11,37 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MMRL_CACHE", str(REPO / ".cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# `make test` runs the suite in pytest-xdist workers that share the machine's cores: each worker, and each command a
+# test starts, gets its share of threads instead of all of them.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = max(1, min(2, torch.get_num_threads()) // _WORKERS)
+torch.set_num_threads(_THREADS)
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+
+# The modules whose tests start a local Ray cluster (ray.init here or in the module). Under `make test` they form one
+# work unit of pytest-xdist's `--dist loadfile`, so one worker runs them one after another, as a single process would:
+# two rehearsal modules run at once in two workers (beside a benchmark) left both runs stalled until their 900 s
+# timeout. A new module that starts Ray belongs in this list.
+RAY_MODULES = ("tests/test_openrlhf_devices.py", "tests/test_openrlhf_rehearsal.py", "tests/test_openrlhf_slow.py",
+               "tests/test_recipes.py")
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist it is never called
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own scheduler for any other --dist
+    from xdist.scheduler import LoadFileScheduling
+
+    class RayModulesTogether(LoadFileScheduling):
+        """One work unit per test file, except that the Ray modules are one unit together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "ray modules" if scope in RAY_MODULES else scope
+
+    return RayModulesTogether(config, log)
 
 
 @pytest.fixture(scope="session")

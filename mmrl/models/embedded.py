@@ -33,10 +33,7 @@ and the cache root live in the leaf module `mmrl.cache`.
 from __future__ import annotations
 
 import logging
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -48,6 +45,7 @@ from mmrl.cache import (
     EMBEDDED_NAME,
     EMBEDDED_VL_NAME,
     RECIPE_VERSIONS,
+    build_once,
     cache_root,
 )
 
@@ -249,22 +247,18 @@ def build_embedded(cache_dir: Path | None = None, force: bool = False, name: str
         raise ValueError(f"model: unknown embedded model {name!r}; choose one of: {', '.join(BUILDERS)}")
     version, build = RECIPE_VERSIONS[name], BUILDERS[name]
     target = (cache_dir or cache_root()) / "models" / version
-    if (target / "config.json").exists() and not force:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("mmrl").info("building %s on first use (tokenizer + pre-training, ~10 s to ~10 min) into %s",
-                                   name, target)
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
-    try:
-        with torch.random.fork_rng():
-            model, tokenizer = build()
-    finally:
-        torch.set_num_threads(previous_threads)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)  # a processor (vision default) saves its tokenizer and image processor
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(tmp, target)  # atomic: a concurrent reader sees either nothing or the whole model
-    return target
+
+    def build_into(directory: Path) -> None:
+        logging.getLogger("mmrl").info("building %s on first use (tokenizer + pre-training, ~10 s to ~10 min) into %s",
+                                       name, target)
+        previous_threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
+        try:
+            with torch.random.fork_rng():
+                model, tokenizer = build()
+        finally:
+            torch.set_num_threads(previous_threads)
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)  # a processor (vision default) saves its tokenizer and image processor
+
+    return build_once(target, build_into, "config.json", force=force)

@@ -7,8 +7,9 @@ alfworld's ``AlfredTWEnv.collect_game_files`` keeps: known task types, a game fi
 ``movable``/``Sliced`` trials.
 
 :func:`ensure_games` builds the generated set into ``$MMRL_CACHE/alfworld/`` (default ``~/.cache/mmrl``) the first
-time it is asked for, in a temporary directory renamed into place when complete (concurrent callers never see half a
-set), keyed by every argument so that different sizes never collide.
+time it is asked for (``mmrl.cache.build_once``: one builder at a time, in a temporary directory renamed into place
+when complete, so concurrent callers never see half a set), keyed by every argument so that different sizes never
+collide.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from mmrl.cache import build_once, cache_root
 from mmrl.envs.alfworld.tasks import TASK_TYPES, official_task_type
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -35,11 +35,6 @@ class GameInfo:
     trial: str  # the trial directory name, unique per game
     task: str  # the task sentence, when traj_data.json carries one ("" otherwise)
     walkthrough_length: int  # expert steps (0 when the game has no walkthrough)
-
-
-def cache_root() -> Path:
-    """The same cache as mmrl.models (``$MMRL_CACHE``, default ``~/.cache/mmrl``)."""
-    return Path(os.environ.get("MMRL_CACHE") or Path.home() / ".cache" / "mmrl")
 
 
 def _json_root(root: str | Path) -> Path:
@@ -113,19 +108,10 @@ def ensure_games(root: str | Path | None = None, n_per_type: int = 4, seed: int 
 
     parent = Path(root) if root is not None else cache_root() / "alfworld"
     target = parent / _set_name(n_per_type, n_eval_per_type, seed, n_receptacles, n_distractors)
-    if (target / _COMPLETE).is_file():
-        return target
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
-    try:
-        paths = generate_games(tmp, n_per_type=n_per_type, n_eval_per_type=n_eval_per_type, seed=seed,
+
+    def build(directory: Path) -> None:
+        paths = generate_games(directory, n_per_type=n_per_type, n_eval_per_type=n_eval_per_type, seed=seed,
                                n_receptacles=n_receptacles, n_distractors=n_distractors)
-        (tmp / _COMPLETE).write_text(f"{len(paths)} games\n")
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished the same set first; theirs is identical
-            if not (target / _COMPLETE).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        (directory / _COMPLETE).write_text(f"{len(paths)} games\n")
+
+    return build_once(target, build, _COMPLETE)

@@ -1,0 +1,83 @@
+"""The shared cache: a target is built once even when several processes ask for it at the same moment (parallel test
+workers and runs side by side start on an empty cache), a failed build leaves nothing behind, and the root is found
+from the environment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mmrl.cache import build_once, cache_root
+
+# Each process records that it built, then takes long enough that the others are all waiting before it finishes.
+BUILDER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from mmrl.cache import build_once
+
+    target, log = Path(sys.argv[1]), Path(sys.argv[2])
+
+    def build(directory):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        time.sleep(1.0)
+        (directory / "weights").write_text(str(os.getpid()))
+        (directory / "DONE").write_text("")
+
+    print(build_once(target, build, "DONE").joinpath("weights").read_text())
+""")
+
+
+def test_processes_that_ask_at_once_share_one_build(tmp_path):
+    target, log = tmp_path / "cache" / "model-v1", tmp_path / "builds.log"
+    procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(target), str(log)], stdout=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    builders = log.read_text().split()
+    assert len(builders) == 1, f"built {len(builders)} times"
+    assert outputs == [builders[0]] * 4  # every process read the one result
+    assert [p.name for p in target.parent.iterdir() if p.name.startswith(".building")] == []
+
+
+def test_a_failed_build_leaves_nothing_and_the_next_call_builds(tmp_path):
+    target = tmp_path / "model-v1"
+
+    def broken(directory: Path) -> None:
+        (directory / "half").write_text("x")
+        raise RuntimeError("out of disk")
+
+    with pytest.raises(RuntimeError, match="out of disk"):
+        build_once(target, broken, "DONE")
+    assert not target.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".building")] == []
+
+    built = []
+    build_once(target, lambda d: (built.append(d), (d / "DONE").write_text("")), "DONE")
+    build_once(target, lambda d: built.append(d), "DONE")  # already there: not built again
+    assert len(built) == 1 and (target / "DONE").exists()
+
+
+def test_force_rebuilds_over_an_existing_result(tmp_path):
+    target = tmp_path / "model-v1"
+    build_once(target, lambda d: (d / "DONE").write_text("first"), "DONE")
+    build_once(target, lambda d: (d / "DONE").write_text("second"), "DONE", force=True)
+    assert (target / "DONE").read_text() == "second"
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_an_unset_or_empty_mmrl_cache_means_the_home_cache(monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("MMRL_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("MMRL_CACHE", value)
+    assert cache_root() == Path.home() / ".cache" / "mmrl"
+
+
+def test_mmrl_cache_names_the_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path))
+    assert cache_root() == tmp_path

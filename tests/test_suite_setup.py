@@ -1,0 +1,19 @@
+"""The suite's own set-up: every module that starts a local Ray cluster is in conftest.RAY_MODULES, so that
+`make test`'s parallel workers never start two clusters at once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from conftest import RAY_MODULES
+
+TESTS = Path(__file__).resolve().parent
+# ray.init(...) in the module, or a test that takes conftest's `ray_address` fixture (which calls ray.init)
+STARTS_RAY = re.compile(r"\bray\.init\(|^def test_\w+\([^)]*\bray_address\b", re.MULTILINE)
+
+
+def test_every_module_that_starts_ray_is_scheduled_with_the_others():
+    modules = [path for path in TESTS.glob("test_*.py") if path.name != Path(__file__).name]
+    starting = {f"tests/{path.name}" for path in modules if STARTS_RAY.search(path.read_text())}
+    assert starting == set(RAY_MODULES)
