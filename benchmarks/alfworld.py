@@ -264,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rl-min-lr-ratio", type=float, default=0.0, help="cosine's floor (optim.min_lr_ratio)")
     parser.add_argument("--epochs", type=int, default=2,
                         help="update epochs per rollout: with 1, GMPO and GRPO take the same gradient (ratio 1)")
+    parser.add_argument("--algo-param", action="append", default=[], metavar="KEY=VALUE",
+                        help="an objective's hyper-parameter for every RL run (--algo.KEY of mmrl.train, e.g. "
+                             "clip_low=0.2); repeat for more; an unknown key fails at start")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--rl-seeds", default="",
                         help="RL seeds run from each warm start ('' = the warm start's own seed)")
@@ -294,7 +297,18 @@ def rl_base_overrides(args, games: Path) -> dict:
             "rollout.prompts_per_step": args.games_per_step, "rollout.samples_per_prompt": args.group_size,
             "optim.epochs": args.epochs, "optim.warmup_steps": args.rl_warmup_steps,
             "optim.schedule": args.rl_schedule, "optim.min_lr_ratio": args.rl_min_lr_ratio, "sft.steps": 0,
-            "run.checkpoint_every": args.checkpoint_every}
+            "run.checkpoint_every": args.checkpoint_every, **algo_params(args.algo_param)}
+
+
+def algo_params(pairs: list[str]) -> dict:
+    """``["clip_low=0.2"]`` -> ``{"algo.clip_low": "0.2"}`` (the config parses the value as ``--algo.X`` does)."""
+    params = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"--algo-param {pair!r}: expected KEY=VALUE")
+        params[f"algo.{key.strip()}"] = value.strip()
+    return params
 
 
 def main() -> None:

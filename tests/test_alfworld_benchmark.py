@@ -42,6 +42,20 @@ def test_lr_schedule_flags_reach_the_config(benchmark, tmp_path):
                                                                                                    1e-4)
 
 
+def test_algo_params_reach_the_objective(benchmark, tmp_path):
+    from mmrl import algos
+
+    cfg = rl_config(benchmark, ["--algo-param", "clip_low=0.2", "--algo-param", "clip_high=0.2"], tmp_path)
+    assert cfg.algo.params == {"clip_low": 0.2, "clip_high": 0.2}
+    objective = algos.get("gmpo", **cfg.algo.params)
+    assert (objective.clip_low, objective.clip_high) == (0.2, 0.2)
+
+
+def test_a_malformed_algo_param_fails_at_start(benchmark, tmp_path):
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        rl_config(benchmark, ["--algo-param", "clip_low"], tmp_path)
+
+
 def test_a_floor_without_cosine_fails_at_start(benchmark, tmp_path):
     with pytest.raises(ValueError, match="min_lr_ratio"):
         rl_config(benchmark, ["--rl-min-lr-ratio", "0.1"], tmp_path)
