@@ -17,7 +17,11 @@ from mmrl.tasks import TASKS
 
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors (a flag without its value, a bad choice) are a ValueError, so they end as one
-    line and exit code 2 like every other bad input, not as a usage dump."""
+    line and exit code 2 like every other bad input, not as a usage dump. Flags are never abbreviated: a task option
+    such as ``--task.reward`` would otherwise be read as a prefix of ``--task.reward_model``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
         raise ValueError(f"{message} (see --help)")

@@ -94,14 +94,15 @@ def test_eval_resolves_the_same_defaults_as_training(task, model):
     assert (shortcuts.run.eval_samples, shortcuts.rollout.max_new_tokens) == (3, 7)
 
 
-def test_grounding_declares_its_rl_settings_and_geoqa_keeps_the_generic_ones():
+def test_grounding_declares_its_rl_settings_and_geoqa_the_demos_length():
     """``--task grounding`` gets the settings its lift was measured with (lr 5e-4: at 1e-3 held-out mIoU falls back
-    after ~50 steps); geoqa (``make demo``) keeps the generic ones; a user's flag still wins."""
+    after ~50 steps); geoqa, the headline command, runs as ``make demo`` (40 steps, held-out pass@1 every 20) with the
+    generic lr and samples; a user's flag still wins."""
     grounding = parse_config(["--algo", "gpg", "--task", "grounding"])
     assert (grounding.optim.lr, grounding.run.steps, grounding.run.eval_every, grounding.run.eval_samples) == \
         (5e-4, 150, 50, 2)
     geoqa = parse_config(["--algo", "gpg", "--task", "geoqa"])
-    assert (geoqa.optim.lr, geoqa.run.steps, geoqa.run.eval_every, geoqa.run.eval_samples) == (1e-3, 60, 0, 4)
+    assert (geoqa.optim.lr, geoqa.run.steps, geoqa.run.eval_every, geoqa.run.eval_samples) == (1e-3, 40, 20, 4)
     user = parse_config(["--task", "grounding", "--optim.lr", "1e-3", "--steps", "7"])
     assert (user.optim.lr, user.run.steps) == (1e-3, 7)
 

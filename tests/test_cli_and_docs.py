@@ -91,3 +91,83 @@ def test_the_readme_eval_example_follows_its_train_command():
     readme = (REPO / "README.md").read_text()
     assert "python -m mmrl.train --algo gpg --task geoqa " in readme  # writes runs/geoqa-gpg (runs/<task>-<algo>)
     assert "python -m mmrl.eval --model runs/geoqa-gpg " in readme
+
+
+def documented_train_commands() -> list[tuple[str, str]]:
+    """(file:line, argv string) of every ``python -m mmrl.train`` line in a bash block of the README and docs, with
+    its continuation lines joined and its comment dropped; placeholders (``<setting>``, ``$VAR``, ``…``) and resumed
+    runs (they read a run directory) are left out."""
+    found = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if path.name == "status.md":  # session notes, not instructions
+            continue
+        text = path.read_text()
+        for block in re.finditer(r"```(?:bash|sh|shell|console|text)?\n(.*?)```", text, re.DOTALL):
+            first_line = text[:block.start()].count("\n") + 2
+            lines = block.group(1).split("\n")
+            i = 0
+            while i < len(lines):
+                start, command = i, lines[i]
+                while command.rstrip().endswith("\\") and i + 1 < len(lines):
+                    i += 1
+                    command = command.rstrip()[:-1] + " " + lines[i].strip()
+                i += 1
+                command = command.split(" #")[0].strip()
+                if not command.startswith("python -m mmrl.train"):
+                    continue
+                if any(mark in command for mark in ("<", "$", "…", "...", "--resume", "--help")):
+                    continue
+                found.append((f"{path.relative_to(REPO)}:{first_line + start}", command[len("python -m mmrl.train"):]))
+    return found
+
+
+DOCUMENTED = documented_train_commands()
+
+
+def test_the_docs_show_training_commands():
+    assert len(DOCUMENTED) >= 20  # the extraction itself works
+
+
+@pytest.mark.parametrize("where,argv", DOCUMENTED, ids=[w for w, _ in DOCUMENTED])
+def test_every_documented_training_command_parses(where, argv, monkeypatch):
+    """A command a reader copies from the docs starts: its flags exist (none is read as an abbreviation of another),
+    its objective takes its ``--algo.X``, its task takes its ``--task.X``, and the config passes the start checks."""
+    import shlex
+
+    from mmrl import algos
+    from mmrl.tasks.base import TASKS
+    from mmrl.train import parse_command
+    from mmrl.trainer.config import validate
+
+    monkeypatch.chdir(REPO)  # --config examples/... is relative to the repository
+    cfg, _ = parse_command([a for a in shlex.split(argv) if a != "--dry-run"])
+    validate(cfg)
+    algos.get(cfg.algo.name, **cfg.algo.params)
+    assert cfg.task.name in TASKS, where
+    import inspect
+
+    accepted = set(inspect.signature(TASKS[cfg.task.name]).parameters)
+    assert set(cfg.task.options) <= accepted, f"{where}: {set(cfg.task.options) - accepted}"
+
+
+def test_a_task_option_that_prefixes_a_flag_is_not_taken_for_it():
+    """``--task.reward`` is grounding's reward option, not an abbreviation of ``--task.reward_model``."""
+    from mmrl.train import parse_config
+
+    cfg = parse_config(["--task", "grounding", "--task.reward", "giou_plus_one"])
+    assert cfg.task.options["reward"] == "giou_plus_one" and cfg.task.reward_model == ""
+
+
+def test_the_headline_command_is_the_demo_run():
+    """``python -m mmrl.train --algo gpg --task geoqa`` trains and evaluates as ``make demo`` (40 steps, held-out
+    pass@1 every 20) on the embedded vision model."""
+    from mmrl.train import parse_config
+
+    cfg = parse_config(["--algo", "gpg", "--task", "geoqa"])
+    assert (cfg.run.steps, cfg.run.eval_every, cfg.model.name) == (40, 20, "embedded:tiny-qwen2.5-vl")
+
+
+def test_the_readme_reads_the_demos_last_evaluation():
+    """Samples are labelled with the 0-based index of the step they follow: the demo's last evaluation is STEPS - 1."""
+    steps = int(re.search(r"^STEPS \?= (\d+)", (REPO / "Makefile").read_text(), re.MULTILINE).group(1))
+    assert f"select(.step == {steps - 1})" in (REPO / "README.md").read_text()
