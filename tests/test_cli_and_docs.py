@@ -173,6 +173,22 @@ def test_the_readme_reads_the_demos_last_evaluation():
     assert f"select(.step == {steps - 1})" in (REPO / "README.md").read_text()
 
 
+EVAL_COMMANDS = documented_commands("python -m mmrl.eval")
+
+
+@pytest.mark.parametrize("where,argv", EVAL_COMMANDS, ids=[w for w, _ in EVAL_COMMANDS])
+def test_every_documented_eval_command_parses(where, argv, monkeypatch):
+    """The same for ``python -m mmrl.eval`` (which takes fewer flags than training: README's "Config")."""
+    import inspect
+    import shlex
+
+    from mmrl.eval import parse_command
+    from mmrl.tasks.base import TASKS
+
+    monkeypatch.chdir(REPO)
+    cfg, _ = parse_command(shlex.split(argv))
+    assert set(cfg.task.options) <= set(inspect.signature(TASKS[cfg.task.name]).parameters), where
+
 BENCHMARK_COMMANDS = [(where, rest) for where, rest in documented_commands("python")
                       if rest.strip().startswith("benchmarks/")]
 
