@@ -15,7 +15,7 @@ TASK ?= geoqa
 # `make test` runs the suite in pytest-xdist workers, one per core up to 4; TEST_WORKERS=0 runs it in one process.
 # --dist loadfile: a module's tests share a worker, so its module-scoped fixtures (a local Ray cluster, a DeepSpeed
 # process group) start once, as in one process.
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1))")
 
 .PHONY: setup demo test test-fast lint bench clean
 

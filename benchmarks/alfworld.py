@@ -44,13 +44,14 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(H
 import torch  # noqa: E402
 from common import QUIET, pyplot  # noqa: E402
 
+from mmrl.algos import get as get_algorithm  # noqa: E402
 from mmrl.envs.alfworld.generate import generate_games  # noqa: E402
 from mmrl.envs.alfworld.tasks import TASK_TYPES, official_task_type  # noqa: E402
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
 from mmrl.samples import SAMPLES_FILE  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.tasks.alfworld import ALFWORLD_DEFAULTS  # noqa: E402
-from mmrl.trainer.config import resolve_config  # noqa: E402
+from mmrl.trainer.config import resolve_config, validate  # noqa: E402
 from mmrl.trainer.evaluate import evaluate_episode_groups  # noqa: E402
 from mmrl.trainer.local import build_trainer  # noqa: E402
 from mmrl.trainer.metrics import read_metrics  # noqa: E402
@@ -265,8 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=2,
                         help="update epochs per rollout: with 1, GMPO and GRPO take the same gradient (ratio 1)")
     parser.add_argument("--algo-param", action="append", default=[], metavar="KEY=VALUE",
-                        help="an objective's hyper-parameter for every RL run (--algo.KEY of mmrl.train, e.g. "
-                             "clip_low=0.2); repeat for more; an unknown key fails at start")
+                        help="an objective's hyper-parameter (--algo.KEY of mmrl.train, e.g. clip_low=0.2) for the "
+                             "RL runs of EVERY objective in --algos; repeat for more; a key or value one of them does "
+                             "not take fails at start, before the warm start")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--rl-seeds", default="",
                         help="RL seeds run from each warm start ('' = the warm start's own seed)")
@@ -311,6 +313,15 @@ def algo_params(pairs: list[str]) -> dict:
     return params
 
 
+def check_objectives(base: dict, names: list[str]) -> None:
+    """Build each objective the RL runs will train with, so that a wrong ``--algo-param`` (or objective name) fails
+    now and not after an hour of warm start and earlier runs."""
+    for name in names:
+        cfg = resolve_config([({**base, "algo.name": name}, "benchmark")])
+        validate(cfg)
+        get_algorithm(cfg.algo.name, **cfg.algo.params)
+
+
 def main() -> None:
     args = build_parser().parse_args()
     out = Path(args.out)
@@ -319,12 +330,13 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     games = Path(args.games_root) if args.games_root else out / "games"
+    base = rl_base_overrides(args, games)
+    check_objectives(base, args.algos.split(","))
     if not args.games_root and not (games / "COMPLETE").is_file():  # the benchmark's own set: its types and rooms
         generate_games(games, n_per_type=args.n_per_type, n_eval_per_type=args.n_eval_per_type, seed=0,
                        task_types=selected_types(args), n_receptacles=args.receptacles,
                        n_distractors=args.distractors)
         (games / "COMPLETE").write_text("done\n")
-    base = rl_base_overrides(args, games)
     warm_rows, rl_rows, type_rows, curves = [], [], [], {}
     for seed in map(int, args.seeds.split(",")):
         warm_dir, record = warm_start(args, games, seed, out / f"sft-seed{seed}")

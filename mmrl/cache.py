@@ -9,12 +9,23 @@ so that nobody's cached model is overwritten.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: builds are not serialised (each builds; the complete copy is kept)
+    fcntl = None
+
+log = logging.getLogger(__name__)
+# What flock raises on file systems that do not support it (NFS mounted nolock, some FUSE / CIFS mounts, Lustre
+# without -o flock): the build then goes on without the lock, as before locks existed.
+NO_LOCK_ERRNOS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 
 EMBEDDED_NAME = "embedded:tiny-qwen2"  # the text default
 EMBEDDED_MOE_NAME = "embedded:tiny-qwen3-moe"
@@ -39,12 +50,30 @@ def cache_root() -> Path:
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: Path) -> Iterator[None]:
-    """Holds an exclusive ``flock`` on ``path`` (created if missing, never truncated) until the block ends."""
+def exclusive_lock(path: Path, waiting: str = "") -> Iterator[bool]:
+    """Holds an exclusive ``flock`` on ``path`` (created if missing, never truncated) until the block ends; yields
+    whether it holds one. Where the file system or the platform has no ``flock`` it warns and yields False. If another
+    process holds the lock, logs ``waiting`` (when given) once before blocking."""
     with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        if fcntl is None:
+            log.warning("no flock on this platform: %s is not locked", path)
+            yield False
+            return
         try:
-            yield
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if waiting:
+                    log.info("%s", waiting)
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in NO_LOCK_ERRNOS:
+                raise
+            log.warning("the file system of %s does not support flock (%s): going on without the lock", path, exc)
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -60,13 +89,16 @@ def build_once(target: Path, build: Callable[[Path], None], marker: str, *, forc
     if (target / marker).exists() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(target.parent / f".{target.name}.lock"):
+    with exclusive_lock(target.parent / f".{target.name}.lock", f"waiting for another process building {target}"):
         if (target / marker).exists() and not force:
             return target  # built by the process that held the lock before this one
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".building-{target.name}-"))
         try:
             build(tmp)
-            if target.exists():  # an unfinished or forced-out earlier copy: this process holds the lock
+            if (target / marker).exists() and not force:  # built meanwhile by a process the lock did not hold back
+                shutil.rmtree(tmp)  # (no flock here): keep the copy its readers may be loading
+                return target
+            if target.exists():  # an unfinished or forced-out earlier copy
                 shutil.rmtree(target)
             os.replace(tmp, target)
         except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,10 @@ RAY_MODULES = ("tests/test_openrlhf_devices.py", "tests/test_openrlhf_rehearsal.
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist it is never called
 def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") != "loadfile":
-        return None  # xdist's own scheduler for any other --dist
+    # Every mode that splits the tests (also xdist's default --dist load of a bare `pytest -n 2`) keeps whole files and
+    # the Ray unit together; only --dist each (every test on every worker) keeps xdist's own scheduler.
+    if config.getvalue("dist") == "each":
+        return None
     from xdist.scheduler import LoadFileScheduling
 
     class RayModulesTogether(LoadFileScheduling):
@@ -48,6 +51,14 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return RayModulesTogether(config, log)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """A test outside RAY_MODULES that leaves a Ray cluster up in this process would be scheduled beside the Ray
+    unit: fail it, so the module gets added to the list (tests/test_suite_setup.py checks the source the same way)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized() and item.location[0] not in RAY_MODULES:
+        pytest.fail(f"{item.location[0]} starts Ray: add it to RAY_MODULES in tests/conftest.py", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,14 @@ def test_algo_params_reach_the_objective(benchmark, tmp_path):
     assert (objective.clip_low, objective.clip_high) == (0.2, 0.2)
 
 
+def test_an_algo_param_one_objective_lacks_fails_before_any_run(benchmark, tmp_path):
+    args = benchmark.build_parser().parse_args(["--algos", "gmpo,grpo", "--algo-param", "clip_mode=sequence"])
+    with pytest.raises(ValueError, match="grpo.*clip_mode"):
+        benchmark.check_objectives(benchmark.rl_base_overrides(args, tmp_path), args.algos.split(","))
+    args = benchmark.build_parser().parse_args(["--algos", "gmpo", "--algo-param", "clip_mode=sequence"])
+    benchmark.check_objectives(benchmark.rl_base_overrides(args, tmp_path), ["gmpo"])
+
+
 def test_a_malformed_algo_param_fails_at_start(benchmark, tmp_path):
     with pytest.raises(ValueError, match="KEY=VALUE"):
         rl_config(benchmark, ["--algo-param", "clip_low"], tmp_path)

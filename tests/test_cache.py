@@ -69,6 +69,36 @@ def test_force_rebuilds_over_an_existing_result(tmp_path):
     assert (target / "DONE").read_text() == "second"
 
 
+def test_a_file_system_without_flock_still_builds(tmp_path, monkeypatch, caplog):
+    """NFS mounted nolock and some FUSE mounts raise ENOLCK / EOPNOTSUPP from flock: the build goes on unlocked."""
+    import errno
+
+    import mmrl.cache as cache
+
+    def no_flock(handle, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(cache.fcntl, "flock", no_flock)
+    with caplog.at_level("WARNING", logger="mmrl.cache"):
+        build_once(tmp_path / "model-v1", lambda d: (d / "DONE").write_text("x"), "DONE")
+    assert (tmp_path / "model-v1" / "DONE").read_text() == "x"
+    assert "does not support flock" in caplog.text
+
+
+def test_a_copy_finished_meanwhile_by_an_unlocked_builder_is_kept(tmp_path):
+    """Where the lock holds nobody back, a second builder must not remove the complete copy readers may be loading."""
+    target = tmp_path / "model-v1"
+
+    def build_while_another_finishes(directory: Path) -> None:
+        (directory / "DONE").write_text("mine")
+        target.mkdir()
+        (target / "DONE").write_text("theirs")  # the other process's rename landed during this build
+
+    assert build_once(target, build_while_another_finishes, "DONE") == target
+    assert (target / "DONE").read_text() == "theirs"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".building")] == []
+
+
 @pytest.mark.parametrize("value", [None, ""])
 def test_an_unset_or_empty_mmrl_cache_means_the_home_cache(monkeypatch, value):
     if value is None:

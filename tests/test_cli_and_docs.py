@@ -93,6 +93,10 @@ def test_the_readme_eval_example_follows_its_train_command():
     assert "python -m mmrl.eval --model runs/geoqa-gpg " in readme
 
 
+# What may stand before the command itself: VAR=value assignments, nice -n N, nohup, time.
+LAUNCHERS = re.compile(r"^(?:(?:[A-Z_][A-Z0-9_]*=\S*|nice(?: -n -?\d+)?|nohup|time)\s+)+")
+
+
 def documented_commands(prefix: str) -> list[tuple[str, str]]:
     """(file:line, the rest of the line) of every command starting with ``prefix`` in a code block of the README and
     docs, with its continuation lines joined and its comment dropped; placeholders (``<setting>``, ``$VAR``, ``…``),
@@ -112,7 +116,7 @@ def documented_commands(prefix: str) -> list[tuple[str, str]]:
                     i += 1
                     command = command[:-1].rstrip() + " " + lines[i].strip()
                 i += 1
-                command = command.split(" #")[0].strip()
+                command = LAUNCHERS.sub("", command.split(" #")[0].strip())
                 if not command.startswith(prefix + " "):
                     continue
                 if any(mark in command for mark in ("<", "$", "…", "...", "--resume", "--help")):
@@ -176,6 +180,10 @@ def test_the_readme_reads_the_demos_last_evaluation():
 EVAL_COMMANDS = documented_commands("python -m mmrl.eval")
 
 
+def test_the_docs_show_eval_commands():
+    assert len(EVAL_COMMANDS) >= 4
+
+
 @pytest.mark.parametrize("where,argv", EVAL_COMMANDS, ids=[w for w, _ in EVAL_COMMANDS])
 def test_every_documented_eval_command_parses(where, argv, monkeypatch):
     """The same for ``python -m mmrl.eval`` (which takes fewer flags than training: README's "Config")."""
@@ -214,6 +222,7 @@ def test_every_documented_benchmark_command_parses(where, command, monkeypatch):
     original = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, args=None, namespace=None):
+        assert args is None, f"{where}: {script} parsed {args!r} first, not its command line"
         raise Parsed(original(self, args, namespace))
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)

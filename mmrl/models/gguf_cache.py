@@ -30,8 +30,8 @@ def cached_copy_dir(gguf_path: Path, cache_dir: Path | None = None) -> Path:
 def dequantised_copy(gguf_path: Path, cache_dir: Path | None = None) -> Path:
     """The directory of ``gguf_path``'s float32 copy (config, safetensors weights, tokenizer), converting on first use.
 
-    Written into a temporary directory and renamed into place: a concurrent reader sees either nothing or the whole
-    copy; two first loads at once both convert and the last rename wins (the copies are identical).
+    Written into a temporary directory and renamed into place (``mmrl.cache.build_once``): a concurrent reader sees
+    either nothing or the whole copy, and of two first loads at once one converts while the other waits for it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
