@@ -95,6 +95,7 @@ def build_once(target: Path, build: Callable[[Path], None], marker: str, *, forc
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".building-{target.name}-"))
         try:
             build(tmp)
+            tmp.chmod(0o755)  # mkdtemp makes it 0700: other users of a shared cache (MMRL_CACHE on a volume) read it
             if (target / marker).exists() and not force:  # built meanwhile by a process the lock did not hold back
                 shutil.rmtree(tmp)  # (no flock here): keep the copy its readers may be loading
                 return target

@@ -62,6 +62,11 @@ def test_a_failed_build_leaves_nothing_and_the_next_call_builds(tmp_path):
     assert len(built) == 1 and (target / "DONE").exists()
 
 
+def test_a_built_target_is_readable_by_other_users(tmp_path):
+    target = build_once(tmp_path / "model-v1", lambda d: (d / "DONE").write_text(""), "DONE")
+    assert target.stat().st_mode & 0o777 == 0o755
+
+
 def test_force_rebuilds_over_an_existing_result(tmp_path):
     target = tmp_path / "model-v1"
     build_once(target, lambda d: (d / "DONE").write_text("first"), "DONE")
