@@ -462,8 +462,13 @@ def test_cw_grpo_equals_grpo_when_covariance_vanishes():
 
 
 def test_hyper_parameter_types_are_checked_with_one_line():
-    with pytest.raises(ValueError, match="grpo.clip_low must be float, got 'abc'"):
+    with pytest.raises(ValueError, match="grpo.clip_low must be a finite number, got 'abc'"):
         algos.get("grpo", clip_low="abc")
+    for value in (float("nan"), float("inf")):  # a NaN clip makes every loss NaN; an inf std_eps zeroes advantages
+        with pytest.raises(ValueError, match="must be a finite number"):
+            algos.get("grpo", clip_high=value)
+        with pytest.raises(ValueError, match="must be a finite number"):
+            algos.get("gmpo", std_eps=value)
     with pytest.raises(ValueError, match="gpg.max_resample must be int"):
         algos.get("gpg", max_resample=2.5)
     with pytest.raises(ValueError, match="gpg.adjust_alpha must be bool"):

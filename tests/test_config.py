@@ -85,3 +85,48 @@ def test_resume_starts_from_the_runs_saved_config(tmp_path):
     assert (cfg.algo.name, cfg.algo.params, cfg.task.options, cfg.optim.lr) == ("gvpo", {"beta": 0.3},
                                                                                {"max_operand": 5}, 5e-4)
     assert cfg.run.steps == 20 and cfg.run.resume
+
+
+@pytest.mark.parametrize("flag,value", [("--optim.lr", "inf"), ("--optim.weight_decay", ".inf"),
+                                        ("--rollout.temperature", "nan"), ("--sft.lr", "-inf")])
+def test_a_non_finite_number_fails_at_start_naming_its_field(flag, value):
+    """An inf lr or weight decay turns every weight into NaN in one step (and the run would exit 0)."""
+    with pytest.raises(ValueError, match=f"{flag[2:]} must be a finite number"):
+        parse_config([flag, value])
+
+
+def test_betas_are_checked_one_by_one_and_in_range():
+    with pytest.raises(ValueError, match=r"optim.betas\[1\] must be a number, got 'abc'"):
+        parse_config(["--optim.betas", "[0.9, abc]"])
+    with pytest.raises(ValueError, match="optim.betas must both be in"):
+        validate(parse_config(["--optim.betas", "[1.5, 0.999]"]))
+
+
+def test_a_section_given_as_a_scalar_and_a_non_utf8_yaml_are_named(tmp_path):
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("optim: 5\n")
+    with pytest.raises(ValueError, match="section 'optim' must be a mapping of fields"):
+        parse_config(["--config", str(scalar)])
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"run:\n  steps: 3 \xe9\n")
+    with pytest.raises(ValueError, match="latin.yaml is not UTF-8"):
+        parse_config(["--config", str(latin)])
+
+
+def test_task_options_keep_their_text_and_are_typed_by_the_task():
+    """Text options are read as written ("007" and "yes" stay text); numbers and flags are converted by the option's
+    type, and a value of the wrong kind is one line naming the option, not a traceback."""
+    from mmrl.tasks.base import get_task
+
+    cfg = parse_config(["--task", "math", "--task.answer_key", "007", "--task.system_prompt", "yes"])
+    assert cfg.task.options == {"answer_key": "007", "system_prompt": "yes"}
+    task = get_task("arithmetic", **parse_config(["--task.max_operand", "5", "--task.one_shot", "true"]).task.options)
+    assert task is not None
+    for option, value, message in [("format_weight", "abc", "task.format_weight must be a finite number"),
+                                   ("format_weight", "nan", "task.format_weight must be a finite number"),
+                                   ("max_operand", "2.5", "task.max_operand must be an integer"),
+                                   ("one_shot", "yes", "task.one_shot must be true or false")]:
+        with pytest.raises(ValueError, match=message):
+            get_task("arithmetic", **{option: value})
+    with pytest.raises(ValueError, match="task.template must be text, got 5"):
+        get_task("math", path="x.jsonl", template=5)

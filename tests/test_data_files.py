@@ -65,6 +65,23 @@ def test_a_bad_json_line_is_named_by_its_line_number(tmp_path):
         get_task("math", path=str(path))
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_bare_nan_and_infinity_are_not_json(tmp_path, constant):
+    """Python's json module reads them; no JSON standard has them, and a gold answer "nan" would be invented."""
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": ' + constant + '}\n')
+    with pytest.raises(ValueError, match=f"line 2 is not valid JSON \\({constant} is not a JSON value"):
+        get_task("math", path=str(path))
+
+
+@pytest.mark.parametrize("answer", ["true", "[1, 2]", '{"a": 1}'])
+def test_an_answer_that_is_not_text_or_a_number_is_refused(tmp_path, answer):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"problem": "1+1", "answer": ' + answer + '}\n')
+    with pytest.raises(ValueError, match="row 0 has an 'answer' that is not text or a number"):
+        get_task("math", path=str(path))
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
 def test_bad_encoding_names_the_file_and_line(tmp_path, suffix):
     path = tmp_path / f"d{suffix}"

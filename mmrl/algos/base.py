@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -58,14 +59,15 @@ def _typed(where: str, value: Any, default: Any) -> Any:
     if isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         value = float(value) if ok else value
     elif isinstance(default, int) or default is None:
         ok = (isinstance(value, int) and not isinstance(value, bool)) or (default is None and value is None)
     else:
         ok = isinstance(value, type(default))
     if not ok:
-        kind = "an integer or null" if default is None else type(default).__name__
+        kind = ("an integer or null" if default is None else "a finite number" if isinstance(default, float)
+                else type(default).__name__)
         raise ValueError(f"algorithm hyper-parameter {where} must be {kind}, got {value!r}")
     return value
 

@@ -18,6 +18,7 @@ prompt alone.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -54,6 +55,11 @@ def to_samples(rows: list[dict[str, Any]], problem_key: str, answer_key: str, wh
                 raise ValueError(f"task.path: {where} row {i} {state} {key!r} (rows count from 0)")
         if not isinstance(problem, str):
             raise ValueError(f"task.path: {where} row {i} has a {problem_key!r} that is not text: {problem!r}")
+        # an answer is text or a number as written; a list, an object, true/false or a NaN is not something the
+        # verifier could match, and str() would invent a gold answer ("[1, 2]", "True", "nan")
+        if isinstance(answer, (bool, list, dict)) or (isinstance(answer, float) and not math.isfinite(answer)):
+            raise ValueError(f"task.path: {where} row {i} has an {answer_key!r} that is not text or a number: "
+                             f"{answer!r}")
         samples.append({"messages": chat(template.replace("{problem}", problem), system_prompt or "", example),
                         "answer": str(answer), "problem": problem, "prompt_text": problem})
     return samples

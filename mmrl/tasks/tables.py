@@ -52,9 +52,14 @@ def _decode(data: bytes, path: Path) -> str:
                          f"{column}); re-save the file as UTF-8") from None
 
 
+def _not_json(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
+
+
 def _json_value(text: str, path: Path, line: int) -> Any:
     try:
-        return json.loads(text, parse_float=WrittenNumber)
+        # Python's json reads the bare NaN / Infinity / -Infinity of no JSON standard: refused as what they are
+        return json.loads(text, parse_float=WrittenNumber, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise ValueError(f"task.path: {path} line {line + exc.lineno - 1} is not valid JSON ({exc.msg} at column "
                          f"{exc.colno})") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -226,11 +227,13 @@ def _coerce(where: str, value: Any, default: Any) -> Any:
         raise ValueError(f"config: {where} must be an integer, got {value!r}")
     if isinstance(default, float):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # an inf lr turns every weight into NaN in one step
+                raise ValueError(f"config: {where} must be a finite number, got {value!r}")
             return float(value)
         raise ValueError(f"config: {where} must be a number, got {value!r}")
     if isinstance(default, tuple):
         if isinstance(value, (list, tuple)) and len(value) == len(default):
-            return tuple(float(v) for v in value)
+            return tuple(_coerce(f"{where}[{i}]", v, d) for i, (v, d) in enumerate(zip(value, default, strict=True)))
         raise ValueError(f"config: {where} must be a list of {len(default)} numbers, got {value!r}")
     if target is str:
         return str(value)
@@ -266,6 +269,8 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
                 flat[f"{key}.{sub}"] = v
         elif key in ("algo", "task", "model") and not isinstance(value, dict):
             flat[f"{key}.name"] = value
+        elif key in SECTIONS:
+            raise ValueError(f"config ({origin}): section {key!r} must be a mapping of fields, got {value!r}")
         else:
             flat[key] = value
     for key, value in flat.items():
@@ -278,7 +283,8 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
             setattr(obj, field, _coerce(key, value, getattr(obj, field)))
         elif section in OPEN_SECTIONS:
             extra = getattr(obj, OPEN_SECTIONS[section])
-            extra[field] = parse_scalar(value) if isinstance(value, str) else value
+            # a task option keeps its text as written: the task converts it by its option's type (tasks/base.py)
+            extra[field] = parse_scalar(value) if isinstance(value, str) and section != "task" else value
         else:
             raise ValueError(f"config ({origin}): unknown field {key!r}{_suggest(field, fields)}")
 
@@ -316,7 +322,9 @@ def load_yaml(path: str) -> dict[str, Any]:
     if not p.is_file():
         raise ValueError(f"config: no such file {path!r}")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"config: {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
     except yaml.YAMLError as exc:
         raise ValueError(f"config: {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
     if not isinstance(data, dict):
@@ -388,6 +396,7 @@ def validate(cfg: TrainConfig) -> None:
         ("rollout.env_step_timeout", cfg.rollout.env_step_timeout > 0, "must be > 0"),
         ("optim.lr", cfg.optim.lr > 0, "must be > 0"),
         ("optim.weight_decay", cfg.optim.weight_decay >= 0, "must be >= 0"),
+        ("optim.betas", all(0 <= b < 1 for b in cfg.optim.betas), "must both be in [0, 1)"),
         ("optim.warmup_steps", cfg.optim.warmup_steps >= 0, "must be >= 0"),
         ("optim.schedule", cfg.optim.schedule in SCHEDULES, f"must be one of {', '.join(SCHEDULES)}"),
         ("optim.min_lr_ratio", 0 <= cfg.optim.min_lr_ratio <= 1, "must be in [0, 1]"),
