@@ -79,6 +79,19 @@ def test_a_folder_that_is_not_an_mmrl_run_is_not_overwritten(tmp_path):
     claim(parse_config(["--out", str(run), "--run.overwrite", "true"])).lock.release()
 
 
+def test_files_that_only_share_a_runs_names_are_not_a_run(tmp_path):
+    """A user's own metrics.jsonl / samples.jsonl / checkpoints/.tmp-x are neither overwritten nor removed, by a fresh
+    run or by a resume: a run's directory holds mmrl's config.json (or the lock of a run killed before writing it)."""
+    run = tmp_path / "mine"
+    (run / "checkpoints" / ".tmp-mine").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"my": "data"}\n')
+    (run / "samples.jsonl").write_text("mine\n")
+    for flags in ([], ["--resume"]):
+        with pytest.raises(ValueError, match="is not empty and is not an mmrl run"):
+            claim(parse_config(["--out", str(run), *flags]))
+    assert (run / "metrics.jsonl").read_text() == '{"my": "data"}\n' and (run / "checkpoints" / ".tmp-mine").is_dir()
+
+
 def test_resume_refuses_a_change_of_what_is_trained(tmp_path):
     run = tmp_path / "run"
     make_run(run, algo__name="grpo")

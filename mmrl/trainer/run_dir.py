@@ -207,14 +207,18 @@ def claim(cfg: TrainConfig) -> RunDir:
     run_dir = cfg.out_dir
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"run.out_dir {run_dir} exists and is not a directory")
-    if not cfg.run.resume and not cfg.run.overwrite:
-        foreign = sorted(p.name for p in run_dir.iterdir() if not is_run_file(p.name)) if run_dir.exists() else []
-        ours = (run_dir / CONFIG_NAME).exists() and is_mmrl_config(run_dir / CONFIG_NAME)
-        if foreign or ((run_dir / CONFIG_NAME).exists() and not ours):
-            shown = foreign[:3] if foreign else [CONFIG_NAME]
+    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.exists() else []
+    if entries and not cfg.run.overwrite:
+        foreign = [name for name in entries if not is_run_file(name)]
+        # a run's directory holds mmrl's config.json (written at start) or, if that run was killed before writing
+        # it, its lock file; files that only share a run's names (a user's own metrics.jsonl) are not a run's
+        ours = ((run_dir / CONFIG_NAME).exists() and is_mmrl_config(run_dir / CONFIG_NAME)) or LOCK_NAME in entries
+        if not ours or (foreign and not cfg.run.resume):  # a resumed run may keep the user's files beside it
+            shown = (foreign or entries)[:3]
             raise ValueError(f"run.out_dir {run_dir} is not empty and is not an mmrl run (it holds {', '.join(shown)}"
-                             f"{', ...' if len(foreign) > 3 else ''}); choose another --out, or pass "
-                             f"--run.overwrite true to write into it")
+                             f"{', ...' if len(foreign or entries) > 3 else ''}); "
+                             + ("nothing here to resume" if cfg.run.resume else
+                                "choose another --out, or pass --run.overwrite true to write into it"))
     lock = RunLock(run_dir)
     lock.acquire()
     try:
