@@ -183,3 +183,50 @@ def test_math_accuracy_scores_repeated_answers_alike():
     texts = ["<answer>4</answer>", "<answer>2+2</answer>", "<answer>4</answer>", "<answer>5</answer>"]
     results = get_reward("math_accuracy")(texts, [{"answer": "4"}] * 3 + [{"answer": "5"}])
     assert [r.score for r in results] == [1.0, 1.0, 1.0, 1.0]
+
+
+def slow_check(predicted: str, gold: str) -> tuple[bool, str | None]:
+    """A verifier that never finishes in time (module level: the spawned child imports it)."""
+    import time
+
+    time.sleep(60)
+    return True, None
+
+
+def equal_check(predicted: str, gold: str) -> tuple[bool, str | None]:
+    return predicted == gold, None if predicted == gold else "answer is wrong"
+
+
+def test_an_overrunning_verifier_is_stopped_and_the_next_call_gets_a_new_one():
+    """Off the main thread math-verify runs in a child process: one that overruns is killed at the bound and scores
+    0 with a reason; the next call is served by a fresh child."""
+    import time
+
+    from mmrl.rewards.verifier_process import IsolatedVerifier
+
+    stuck = IsolatedVerifier(slow_check, timeout=5)
+    started = time.monotonic()
+    assert stuck("1", "1") == (False, "verifier timed out after 5 s")
+    assert time.monotonic() - started < 30
+    stuck.check, stuck.timeout = equal_check, 60  # the next child runs this one (60 s: it has to start first)
+    assert stuck("2", "2") == (True, None) and stuck("2", "3") == (False, "answer is wrong")
+    stuck.close()
+
+
+def test_math_accuracy_off_the_main_thread_is_bounded_and_still_right():
+    """A power tower makes sympy build a 10^10-digit number and hold the GIL; from a worker thread (an asyncio
+    executor, a trainer's thread pool) it used to hang for good. It now scores 0 with a reason within the bound, and
+    ordinary answers are still verified."""
+    import concurrent.futures
+    import time
+
+    from mmrl.rewards.text import VERIFY_SECONDS
+
+    accuracy = get_reward("math_accuracy")
+    cases = [("<answer>10^{10^{10^{10}}}</answer>", "7"), ("<answer>\\frac{1}{2}</answer>", "0.5"),
+             ("<answer>3</answer>", "4")]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        results = pool.submit(lambda: accuracy([c for c, _ in cases], [{"answer": a} for _, a in cases])).result()
+    assert time.monotonic() - started < 3 * VERIFY_SECONDS + 30
+    assert [r.score for r in results] == [0.0, 1.0, 0.0] and results[0].reason

@@ -6,10 +6,12 @@ import re
 import threading
 
 from mmrl.rewards.base import Sample, reward
+from mmrl.rewards.verifier_process import IsolatedVerifier
 
 THINK_ANSWER = re.compile(r"^\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 THINK_CLOSE = "\n</think>\n"  # Open-RS's format check: the closing tag on a line of its own
+VERIFY_SECONDS = 5  # math-verify's own bound on parsing and on verifying
 MAX_ANSWER_CHARS = 1000  # math-verify is super-linear on long inputs; a longer "answer" is not an answer
 
 
@@ -51,11 +53,30 @@ def answers_match(predicted: str, gold: str) -> tuple[bool, str | None]:
         return True, None
     if len(predicted) > MAX_ANSWER_CHARS:
         return False, f"answer longer than {MAX_ANSWER_CHARS} characters"
+    if threading.current_thread() is threading.main_thread():
+        return math_verify_match(predicted, gold)
+    return _off_main_thread_verifier()(predicted, gold)
+
+
+_VERIFIER_LOCK = threading.Lock()
+_VERIFIERS: list[IsolatedVerifier] = []  # at most one per process, started on the first call off the main thread
+
+
+def _off_main_thread_verifier() -> IsolatedVerifier:
+    # math-verify's timeouts use signal.alarm, which works only on the main thread: elsewhere it runs in a child
+    # process that is killed when it overruns (mmrl/rewards/verifier_process.py). The bound covers its three timed
+    # steps (two parses, the verify) and the child's start on the first call.
+    with _VERIFIER_LOCK:
+        if not _VERIFIERS:
+            _VERIFIERS.append(IsolatedVerifier(math_verify_match, timeout=3 * VERIFY_SECONDS + 15))
+        return _VERIFIERS[0]
+
+
+def math_verify_match(predicted: str, gold: str) -> tuple[bool, str | None]:
+    """math-verify's parse and verify, each bounded by ``VERIFY_SECONDS``; call it on a main thread."""
     from math_verify import parse, verify  # imported lazily: it pulls sympy and antlr
 
-    # math-verify's timeouts use signal.alarm, which only works in the main thread; elsewhere we rely on the
-    # length cap above instead.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    timeout = VERIFY_SECONDS
     gold_parsed = parse(gold if "$" in gold or "\\" in gold else f"${gold}$", parsing_timeout=timeout)
     pred_parsed = parse(predicted if "$" in predicted or "\\" in predicted else f"${predicted}$",
                         parsing_timeout=timeout)
