@@ -100,6 +100,18 @@ def test_csv_with_more_cells_than_the_header_is_refused(tmp_path):
         get_task("math", path=str(path))
 
 
+def test_an_image_row_without_its_answer_is_named_by_its_row(tmp_path):
+    """The answer column is settled from every row, so a first row that lacks it is named, not the column."""
+    from PIL import Image
+
+    Image.new("RGB", (28, 28)).save(tmp_path / "a.png")
+    rows = [{"image": "a.png", "problem": "x?"}, {"image": "a.png", "problem": "y?", "answer": "3"}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"d.jsonl row 0 has no 'answer'"):
+        get_task("geoqa", path=str(path))
+
+
 def test_vision_labels_keep_their_text(tmp_path):
     """The vision tasks read through the same loader: a label column of digits stays text."""
     from PIL import Image

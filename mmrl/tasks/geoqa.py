@@ -93,7 +93,8 @@ def load_geometry(path: str, eval_path: str, *, eval_fraction: float, max_sample
     if path:
         def samples(rows, base, source):
             if not options["answer_key"]:  # settled by the training rows (built first), kept for eval
-                options["answer_key"] = "answer" if "answer" in rows[0] else "solution"
+                # any row, not the first: a first row without its answer is then named as such
+                options["answer_key"] = "answer" if any("answer" in row for row in rows) else "solution"
             return geometry_rows(rows, base, source, **options)
 
         train, evals = load_splits(path, eval_path, samples, max_samples=max_samples, eval_fraction=eval_fraction,

@@ -126,8 +126,13 @@ def image_folder_rows(root: Path) -> list[dict[str, Any]]:
 
 
 def require_column(rows: list[dict[str, Any]], key: str, option: str, where: str) -> None:
-    if rows and key not in rows[0]:
+    """Every row has ``key``: a column no row has is named as a column, a row without it by its number."""
+    missing = next((i for i, row in enumerate(rows) if key not in row), None)
+    if missing is None:
+        return
+    if all(key not in row for row in rows):
         raise ValueError(f"task.{option}: {where} has no column {key!r} (columns: {sorted(map(str, rows[0]))})")
+    raise ValueError(f"task.path: {where} row {missing} has no {key!r} (rows count from 0)")
 
 
 def vision_messages(image: Any, text: str, system_prompt: str | None = None) -> list[dict[str, Any]]:
