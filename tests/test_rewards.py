@@ -230,3 +230,10 @@ def test_math_accuracy_off_the_main_thread_is_bounded_and_still_right():
         results = pool.submit(lambda: accuracy([c for c, _ in cases], [{"answer": a} for _, a in cases])).result()
     assert time.monotonic() - started < 3 * VERIFY_SECONDS + 30
     assert [r.score for r in results] == [0.0, 1.0, 0.0] and results[0].reason
+
+
+def test_answer_format_refuses_nested_tags():
+    [result] = get_reward("answer_format")(["<answer><answer>7</answer></answer>"], [{"answer": "7"}])
+    assert (result.score, result.reason) == (0.0, "nested tags")
+    [result] = get_reward("answer_format")(["<answer>7</answer>"], [{"answer": "7"}])
+    assert result.score == 1.0

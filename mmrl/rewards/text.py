@@ -137,6 +137,8 @@ def answer_format(completion: str, sample: Sample) -> tuple[float, str | None]:
     tags = ANSWER_TAG.findall(completion)
     if len(tags) != 1 or not tags[0].strip():
         return 0.0, f"expected one non-empty <answer> tag, found {len(tags)}"
+    if "<answer>" in tags[0]:
+        return 0.0, "nested tags"
     if completion.rstrip().endswith("</answer>"):
         return 1.0, None
     return 0.0, "text after </answer>"
