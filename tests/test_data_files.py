@@ -58,28 +58,30 @@ def test_a_missing_answer_stops_the_run_naming_file_row_and_column(tmp_path, suf
     assert str(path) in message and "row 2" in message and "'answer'" in message and "\n" not in message
 
 
-def test_a_bad_json_line_is_named_by_its_line_number(tmp_path):
+def refused(tmp_path, text: str, pattern: str) -> None:
+    """The math task refuses ``data.jsonl`` holding ``text`` with one line matching ``pattern``."""
     path = tmp_path / "d.jsonl"
-    path.write_text('{"problem": "a", "answer": "1"}\n\n{"problem": "b" "answer": "2"}\n')
-    with pytest.raises(ValueError, match=r"d.jsonl line 3 is not valid JSON"):
+    path.write_text(text)
+    with pytest.raises(ValueError, match=pattern):
         get_task("math", path=str(path))
+
+
+def test_a_bad_json_line_is_named_by_its_line_number(tmp_path):
+    refused(tmp_path, '{"problem": "a", "answer": "1"}\n\n{"problem": "b" "answer": "2"}\n',
+            r"d.jsonl line 3 is not valid JSON")
 
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
 def test_bare_nan_and_infinity_are_not_json(tmp_path, constant):
     """Python's json module reads them; no JSON standard has them, and a gold answer "nan" would be invented."""
-    path = tmp_path / "data.jsonl"
-    path.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": ' + constant + '}\n')
-    with pytest.raises(ValueError, match=f"line 2 is not valid JSON \\({constant} is not a JSON value"):
-        get_task("math", path=str(path))
+    refused(tmp_path, '{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": ' + constant + '}\n',
+            f"line 2 is not valid JSON \\({constant} is not a JSON value")
 
 
 @pytest.mark.parametrize("answer", ["true", "[1, 2]", '{"a": 1}'])
 def test_an_answer_that_is_not_text_or_a_number_is_refused(tmp_path, answer):
-    path = tmp_path / "data.jsonl"
-    path.write_text('{"problem": "1+1", "answer": ' + answer + '}\n')
-    with pytest.raises(ValueError, match="row 0 has an 'answer' that is not text or a number"):
-        get_task("math", path=str(path))
+    refused(tmp_path, '{"problem": "1+1", "answer": ' + answer + '}\n',
+            "row 0 has an 'answer' that is not text or a number")
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
