@@ -92,6 +92,16 @@ def test_files_that_only_share_a_runs_names_are_not_a_run(tmp_path):
     assert (run / "metrics.jsonl").read_text() == '{"my": "data"}\n' and (run / "checkpoints" / ".tmp-mine").is_dir()
 
 
+def test_a_task_option_saved_as_a_number_resumes_with_the_same_flag(tmp_path):
+    """Runs saved before task options kept their text hold ``max_operand: 5``; repeating ``--task.max_operand 5`` on
+    a resume is no change, while another value still is."""
+    run = tmp_path / "run"
+    make_run(run, task__name="arithmetic", task__options={"max_operand": 5})
+    claim(parse_config(["--out", str(run), "--resume", "--task", "arithmetic", "--task.max_operand", "5"])).lock.release()
+    with pytest.raises(ValueError, match="--resume cannot change task.max_operand"):
+        claim(parse_config(["--out", str(run), "--resume", "--task", "arithmetic", "--task.max_operand", "6"]))
+
+
 def test_resume_refuses_a_change_of_what_is_trained(tmp_path):
     run = tmp_path / "run"
     make_run(run, algo__name="grpo")

@@ -166,6 +166,8 @@ def resume_changes(run_dir: Path, cfg: TrainConfig) -> dict[str, tuple[Any, Any]
     changed = {}
     for key in sorted(set(before) | set(now)):
         old, new = before.get(key), now.get(key)
+        if key.startswith("task.") and key != "task.name":  # a task option as the task reads it: 5 and "5" agree
+            old, new = _as_task_reads(cfg.task.name, key, old), _as_task_reads(cfg.task.name, key, new)
         if old == new or key in NOT_COMPARED_ON_RESUME:
             continue
         if key in SAFE_ON_RESUME or key.partition(".")[0] in SAFE_SECTIONS_ON_RESUME:
@@ -174,6 +176,23 @@ def resume_changes(run_dir: Path, cfg: TrainConfig) -> dict[str, tuple[Any, Any]
         raise ValueError(f"config: --resume cannot change {key} ({old!r} in {run_dir / CONFIG_NAME}, {new!r} now): "
                          f"it changes what is trained; start a new run with another --out instead")
     return changed
+
+
+def _as_task_reads(task: str, key: str, value: Any) -> Any:
+    """``value`` of option ``key`` typed as the task converts it (runs saved before session 17 kept ``--task.x 5``
+    as the number 5; flags now keep the text "5"); unchanged when it is not an option or does not convert."""
+    import inspect
+
+    from mmrl.tasks import TASKS
+    from mmrl.tasks.base import typed_option
+
+    option = inspect.signature(TASKS[task]).parameters.get(key.partition(".")[2]) if task in TASKS else None
+    if option is None or value is None:
+        return value
+    try:
+        return typed_option(key, value, option.default)
+    except ValueError:
+        return value
 
 
 class RunDir:
