@@ -97,7 +97,8 @@ def test_a_task_option_saved_as_a_number_resumes_with_the_same_flag(tmp_path):
     a resume is no change, while another value still is."""
     run = tmp_path / "run"
     make_run(run, task__name="arithmetic", task__options={"max_operand": 5})
-    claim(parse_config(["--out", str(run), "--resume", "--task", "arithmetic", "--task.max_operand", "5"])).lock.release()
+    same = ["--out", str(run), "--resume", "--task", "arithmetic", "--task.max_operand", "5"]
+    claim(parse_config(same)).lock.release()
     with pytest.raises(ValueError, match="--resume cannot change task.max_operand"):
         claim(parse_config(["--out", str(run), "--resume", "--task", "arithmetic", "--task.max_operand", "6"]))
 
