@@ -115,16 +115,20 @@ def get_task(name: str, **options: Any) -> Task | EnvTask:
     """Build task ``name``; ``options`` are its documented keyword arguments (unknown ones raise ValueError)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of: {', '.join(sorted(TASKS))}")
-    factory = TASKS[name]
-    import inspect
-
-    defaults = {k: p.default for k, p in inspect.signature(factory).parameters.items()}
+    defaults = option_defaults(name)
     checked = {}
     for key, value in options.items():
         if key not in defaults:
             raise ValueError(f"task {name!r} has no option {key!r}; it has: {', '.join(sorted(defaults))}")
         checked[key] = typed_option(f"task.{key}", value, defaults[key])
-    return factory(**checked)
+    return TASKS[name](**checked)
+
+
+def option_defaults(name: str) -> dict[str, Any]:
+    """``{option: default}`` of registered task ``name`` (its factory's keyword arguments)."""
+    import inspect
+
+    return {k: p.default for k, p in inspect.signature(TASKS[name]).parameters.items()}
 
 
 def typed_option(where: str, value: Any, default: Any) -> Any:

@@ -181,16 +181,15 @@ def resume_changes(run_dir: Path, cfg: TrainConfig) -> dict[str, tuple[Any, Any]
 def _as_task_reads(task: str, key: str, value: Any) -> Any:
     """``value`` of option ``key`` typed as the task converts it (runs saved before session 17 kept ``--task.x 5``
     as the number 5; flags now keep the text "5"); unchanged when it is not an option or does not convert."""
-    import inspect
-
     from mmrl.tasks import TASKS
-    from mmrl.tasks.base import typed_option
+    from mmrl.tasks.base import option_defaults, typed_option
 
-    option = inspect.signature(TASKS[task]).parameters.get(key.partition(".")[2]) if task in TASKS else None
-    if option is None or value is None:
+    defaults = option_defaults(task) if task in TASKS else {}
+    name = key.partition(".")[2]
+    if name not in defaults or value is None:
         return value
     try:
-        return typed_option(key, value, option.default)
+        return typed_option(key, value, defaults[name])
     except ValueError:
         return value
 
