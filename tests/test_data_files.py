@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmrl.tasks import get_task
+from mmrl.tasks.tables import load_rows, row_place
 
 NUMERIC = ["0.10", "12", "007", "1e3", "-0", "5"]  # a dataframe library turns this column into floats
 MIXED = NUMERIC + ["3/4", "\\frac{1}{2}"]
@@ -45,8 +46,9 @@ def test_json_numbers_keep_the_text_they_were_written_with(tmp_path):
     assert answers == ["0.10", "1.5e3", "12"]
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
-def test_a_missing_answer_stops_the_run_naming_file_row_and_column(tmp_path, suffix):
+@pytest.mark.parametrize("suffix,place", [(".jsonl", "line 3 "), (".csv", "line 4 "),
+                                          (".parquet", "row 2 (rows count from 0)")])
+def test_a_missing_answer_stops_the_run_naming_file_row_and_column(tmp_path, suffix, place):
     path = tmp_path / f"d{suffix}"
     rows = [{"problem": "1+1", "answer": "2"}, {"problem": "2+2", "answer": "4"}, {"problem": "3+3"}]
     if suffix == ".parquet":
@@ -55,7 +57,7 @@ def test_a_missing_answer_stops_the_run_naming_file_row_and_column(tmp_path, suf
     with pytest.raises(ValueError) as err:
         get_task("math", path=str(path))
     message = str(err.value)
-    assert str(path) in message and "row 2" in message and "'answer'" in message and "\n" not in message
+    assert str(path) in message and place in message and "'answer'" in message and "\n" not in message
 
 
 def refused(tmp_path, text: str, pattern: str) -> None:
@@ -81,7 +83,7 @@ def test_bare_nan_and_infinity_are_not_json(tmp_path, constant):
 @pytest.mark.parametrize("answer", ["true", "[1, 2]", '{"a": 1}'])
 def test_an_answer_that_is_not_text_or_a_number_is_refused(tmp_path, answer):
     refused(tmp_path, '{"problem": "1+1", "answer": ' + answer + '}\n',
-            "row 0 has an 'answer' that is not text or a number")
+            r"d.jsonl line 1 has an 'answer' that is not text or a number")
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
@@ -93,6 +95,43 @@ def test_bad_encoding_names_the_file_and_line(tmp_path, suffix):
     line = 2 if suffix == ".jsonl" else 3
     with pytest.raises(ValueError, match=rf"d\{suffix} line {line} is not UTF-8 text \(byte 0xff"):
         get_task("math", path=str(path))
+
+
+def test_a_bad_row_is_named_by_its_line_past_blank_lines(tmp_path):
+    """Blank lines are skipped, so a row's count among the rows is not its line; the line is what an editor shows."""
+    refused(tmp_path, '{"problem": "a", "answer": "1"}\n\n\n{"problem": "b", "answer": ""}\n',
+            r"d.jsonl line 4 has an empty 'answer'$")
+
+
+def test_a_csv_row_after_a_multi_line_cell_is_named_by_the_line_it_starts_on(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text('problem,answer\n"two\nlines",1\n\nb,\n')
+    with pytest.raises(ValueError, match=r"d.csv line 5 has no 'answer'$"):
+        get_task("math", path=str(path))
+
+
+def test_json_list_items_are_named_and_a_slice_keeps_its_places(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([{"problem": "a", "answer": "1"}, {"problem": "b", "answer": "2"},
+                                {"problem": "c", "answer": None}]))
+    with pytest.raises(ValueError, match=r"d.json item 2 \(items count from 0\) has no 'answer'$"):
+        get_task("math", path=str(path))
+    rows = load_rows(str(path))
+    assert row_place(rows[1:], 1) == "item 2 (items count from 0)" and rows[1:][1] == {"problem": "c", "answer": None}
+    assert row_place([{"a": 1}], 0) == "row 0 (rows count from 0)"  # rows a task built have no lines
+
+
+def test_an_image_folder_row_is_named_by_its_file(tmp_path):
+    from PIL import Image
+
+    from mmrl.tasks.vision_data import image_folder_rows
+
+    (tmp_path / "cat").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "cat" / "a.png")
+    (tmp_path / "cat" / "b.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match=r"file cat/b.png column 'image'.*cannot be read"):
+        get_task("classification", path=str(tmp_path))
+    assert row_place(image_folder_rows(tmp_path), 0) == "file cat/a.png"
 
 
 def test_csv_with_more_cells_than_the_header_is_refused(tmp_path):
@@ -110,7 +149,7 @@ def test_an_image_row_without_its_answer_is_named_by_its_row(tmp_path):
     rows = [{"image": "a.png", "problem": "x?"}, {"image": "a.png", "problem": "y?", "answer": "3"}]
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ValueError, match=r"d.jsonl row 0 has no 'answer'"):
+    with pytest.raises(ValueError, match=r"d.jsonl line 1 has no 'answer'"):
         get_task("geoqa", path=str(path))
 
 

@@ -134,7 +134,9 @@ def test_fuzz_answers_are_kept_as_written_or_the_missing_one_is_named(tmp_path, 
         with pytest.raises(ValueError) as err:
             get_task("math", path=str(path), eval_fraction=0)
         text = one_line(err.value)
-        where = "has no column" if len(written) == 1 and suffix == ".jsonl" else f"row {missing} "
+        # the file's line (after csv's header line), or a parquet row's count from 0
+        place = {".jsonl": f"line {missing + 1} ", ".csv": f"line {missing + 2} ", ".parquet": f"row {missing} "}
+        where = "has no column" if len(written) == 1 and suffix == ".jsonl" else place[suffix]
         assert str(path) in text and where in text and "'answer'" in text, text
         return
     expect_loaded_or_one_line(path, written)

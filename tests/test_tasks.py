@@ -55,7 +55,7 @@ def test_math_task_bad_data_fails_with_one_line_naming_the_field(tmp_path):
         get_task("math", path=str(path))
     assert get_task("math", path=str(path), problem_key="question", eval_fraction=0).train[0]["answer"] == "2"
     path.write_text(json.dumps({"problem": "1+1", "answer": ""}) + "\n")
-    with pytest.raises(ValueError, match="row 0 has an empty 'answer'"):
+    with pytest.raises(ValueError, match="d.jsonl line 1 has an empty 'answer'"):
         get_task("math", path=str(path))
     with pytest.raises(ValueError, match="no such file"):
         get_task("math", path=str(tmp_path / "missing.jsonl"))

@@ -276,15 +276,15 @@ def test_grounding_detection_from_parquet_with_image_bytes(tmp_path):
 
 
 @pytest.mark.parametrize("row,message", [
-    ({"image": "missing.png", "problem": "x", "answer": [1, 2, 3, 4]}, "row 1 column 'image'.*does not exist"),
-    ({"image": "corrupt.png", "problem": "x", "answer": [1, 2, 3, 4]}, "row 1 column 'image'.*cannot be read"),
-    ({"image": "a.png", "problem": "", "answer": [1, 2, 3, 4]}, "row 1 column 'problem'"),
-    ({"image": "a.png", "problem": "x", "answer": [1, 2, 3]}, "row 1 column 'answer'.*not a box"),
-    ({"image": "a.png", "problem": "x", "answer": "left"}, "row 1 column 'answer'.*not a box"),
-    ({"image": "a.png", "problem": "x", "answer": [5, 5, 5, 9]}, "row 1 column 'answer'.*zero area"),
-    ({"image": "a.png", "problem": "x", "answer": [0, 0, 500, 10]}, "row 1 column 'answer'.*outside the 64x48"),
-    ({"image": "a.png", "problem": "x", "answer": [9, 2, 3, 4]}, "row 1 column 'answer'.*x2 < x1"),
-    ({"image": "a.png", "problem": "x", "answer": [[1, 2, 3, 4], [1, 2, 5, 6]]}, "row 1 .*2 boxes"),
+    ({"image": "missing.png", "problem": "x", "answer": [1, 2, 3, 4]}, "line 2 column 'image'.*does not exist"),
+    ({"image": "corrupt.png", "problem": "x", "answer": [1, 2, 3, 4]}, "line 2 column 'image'.*cannot be read"),
+    ({"image": "a.png", "problem": "", "answer": [1, 2, 3, 4]}, "line 2 column 'problem'"),
+    ({"image": "a.png", "problem": "x", "answer": [1, 2, 3]}, "line 2 column 'answer'.*not a box"),
+    ({"image": "a.png", "problem": "x", "answer": "left"}, "line 2 column 'answer'.*not a box"),
+    ({"image": "a.png", "problem": "x", "answer": [5, 5, 5, 9]}, "line 2 column 'answer'.*zero area"),
+    ({"image": "a.png", "problem": "x", "answer": [0, 0, 500, 10]}, "line 2 column 'answer'.*outside the 64x48"),
+    ({"image": "a.png", "problem": "x", "answer": [9, 2, 3, 4]}, "line 2 column 'answer'.*x2 < x1"),
+    ({"image": "a.png", "problem": "x", "answer": [[1, 2, 3, 4], [1, 2, 5, 6]]}, "line 2 .*2 boxes"),
 ])
 def test_bad_grounding_data_fails_at_start_naming_row_and_column(tmp_path, row, message):
     make_image(tmp_path / "a.png")
@@ -309,7 +309,7 @@ def test_truncated_image_names_the_row(tmp_path):
     data = (tmp_path / "a.png").read_bytes()
     (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
     path = write_jsonl(tmp_path / "t.jsonl", [{"image": "a.png", "label": "x"}, {"image": "cut.png", "label": "y"}])
-    with pytest.raises(ValueError, match="row 1 column 'image'.*cannot be read"):
+    with pytest.raises(ValueError, match="line 2 column 'image'.*cannot be read"):
         get_task("classification", path=path)
 
 
@@ -331,7 +331,7 @@ def test_classification_with_tagged_labels_and_aliases(tmp_path):
                                                "syn": ["puma"]}] * 2)
     task = get_task("classification", path=path, label_key="solution", aliases_key="syn", eval_fraction=0)
     assert task.train[0]["answer"] == "cougar" and task.train[0]["aliases"] == ["puma"]
-    with pytest.raises(ValueError, match="row 0 column 'solution': empty label"):
+    with pytest.raises(ValueError, match="e.jsonl line 1 column 'solution': empty label"):
         get_task("classification", path=write_jsonl(tmp_path / "e.jsonl", [{"image": "a.png", "solution": " "}]),
                  label_key="solution")
 
@@ -356,7 +356,7 @@ def test_visual_choice_cv_bench_and_sat_layouts(tmp_path):
     assert task.reward(["<think>x</think><answer>(B) no</answer>"], [s])[0].components["choice_match"] == 1.0
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"image": "a.png", "question": "q", "options": ["x", "y"],
                                                 "answer": "z"}])
-    with pytest.raises(ValueError, match="row 0 column 'answer'.*neither an option letter"):
+    with pytest.raises(ValueError, match="bad.jsonl line 1 column 'answer'.*neither an option letter"):
         get_task("visual_choice", path=bad)
 
 

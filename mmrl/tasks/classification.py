@@ -21,6 +21,7 @@ from mmrl.rewards.vision import normalise_label
 from mmrl.rewards.vision_metrics import match_accuracy
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.synthetic_vision import SHAPES, synthetic_set
+from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
     IMAGE_TASK_DEFAULTS,
     image_value,
@@ -51,7 +52,7 @@ def classification_rows(rows: list[dict[str, Any]], base: Path | None, where: st
     for i, row in enumerate(rows):
         label = strip_answer_tags(row.get(label_key))
         if label is None or not normalise_label(str(label)):
-            raise ValueError(f"{where} row {i} column {label_key!r}: empty label")
+            raise ValueError(f"{where} {row_place(rows, i)} column {label_key!r}: empty label")
         labels.append(str(label).strip())
     if classes is None:
         distinct = sorted(set(labels), key=str.lower)
@@ -59,7 +60,7 @@ def classification_rows(rows: list[dict[str, Any]], base: Path | None, where: st
     text = template or class_prompt(classes)
     samples = []
     for i, (row, label) in enumerate(zip(rows, labels, strict=True)):
-        image = image_value(row.get(image_key), base, f"{where} row {i} column {image_key!r}")
+        image = image_value(row.get(image_key), base, f"{where} {row_place(rows, i)} column {image_key!r}")
         sample = {"messages": vision_messages(image, text, system_prompt), "answer": label}
         if aliases_key:
             aliases = row.get(aliases_key)

@@ -18,6 +18,7 @@ from typing import Any
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.geo_synthetic import geo_set
+from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
     IMAGE_TASK_DEFAULTS,
     image_value,
@@ -68,7 +69,7 @@ def geometry_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, 
         require_column(rows, key, option, where)
     samples = []
     for i, row in enumerate(rows):
-        at = f"{where} row {i}"
+        at = f"{where} {row_place(rows, i)}"
         images = image_list(row.get(image_key), base, f"{at} column {image_key!r}")
         problem, answer = row.get(problem_key), strip_answer_tags(row.get(answer_key))
         if not isinstance(problem, str) or not problem.strip():

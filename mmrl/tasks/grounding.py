@@ -25,6 +25,7 @@ from mmrl.rewards.base import get_reward, weighted
 from mmrl.rewards.vision_metrics import detection_metrics, grounding_metrics
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.synthetic_vision import detection_prompt, grounding_prompt, synthetic_set
+from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
     check_image,
     image_value,
@@ -110,7 +111,7 @@ def grounding_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *,
         require_column(rows, key, option, where)
     samples = []
     for i, row in enumerate(rows):
-        at = f"{where} row {i}"
+        at = f"{where} {row_place(rows, i)}"
         image = image_value(row.get(image_key), base, f"{at} column {image_key!r}")
         hw = tuple(row["image_hw"]) if row.get("image_hw") else check_image(image, at)
         problem = row.get(problem_key)

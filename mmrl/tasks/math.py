@@ -25,7 +25,7 @@ from typing import Any
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.prompts import chat
-from mmrl.tasks.tables import load_rows
+from mmrl.tasks.tables import load_rows, row_place
 
 R1_SYSTEM_PROMPT = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The assistant "
@@ -48,17 +48,18 @@ def to_samples(rows: list[dict[str, Any]], problem_key: str, answer_key: str, wh
         raise ValueError(f"task.answer_key: {where} has no column {answer_key!r} (columns: {sorted(rows[0])})")
     samples = []
     for i, row in enumerate(rows):
+        at = f"{where} {row_place(rows, i)}"
         problem, answer = row.get(problem_key), row.get(answer_key)
         for key, value in ((problem_key, problem), (answer_key, answer)):
             if value is None or not str(value).strip():
                 state = "has no" if value is None else "has an empty"
-                raise ValueError(f"task.path: {where} row {i} {state} {key!r} (rows count from 0)")
+                raise ValueError(f"task.path: {at} {state} {key!r}")
         if not isinstance(problem, str):
-            raise ValueError(f"task.path: {where} row {i} has a {problem_key!r} that is not text: {problem!r}")
+            raise ValueError(f"task.path: {at} has a {problem_key!r} that is not text: {problem!r}")
         # an answer is text or a number as written; a list, an object, true/false or a NaN is not something the
         # verifier could match, and str() would invent a gold answer ("[1, 2]", "True", "nan")
         if isinstance(answer, (bool, list, dict)) or (isinstance(answer, float) and not math.isfinite(answer)):
-            raise ValueError(f"task.path: {where} row {i} has an {answer_key!r} that is not text or a number: "
+            raise ValueError(f"task.path: {at} has an {answer_key!r} that is not text or a number: "
                              f"{answer!r}")
         samples.append({"messages": chat(template.replace("{problem}", problem), system_prompt or "", example),
                         "answer": str(answer), "problem": problem, "prompt_text": problem})

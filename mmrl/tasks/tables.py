@@ -9,7 +9,9 @@ cell is ``None``, so a task's check of its required columns sees it. In detail:
 * csv: every cell is the string in the file; an empty cell is ``None`` (csv cannot tell "" from missing).
 * parquet: the column types of the file (an int column with nulls stays ints and ``None``, not floats).
 
-A line that is not JSON or not UTF-8 stops the run with one line naming the file and the line number.
+A line that is not JSON or not UTF-8 stops the run with one line naming the file and the line number. Every reader
+returns :class:`Rows`, which keeps where each row was written, so a task's check of a row names the file's line (jsonl,
+csv) or item (json list), not its count among the rows (blank lines and multi-line CSV cells make the two differ).
 """
 
 from __future__ import annotations
@@ -40,6 +42,36 @@ class WrittenNumber(float):
 
     def __reduce__(self):
         return WrittenNumber, (self.text,)
+
+
+class Rows(list):
+    """A list of rows that keeps, for each, where the file wrote it (``"line 7"``, ``"item 3"``); a slice keeps its
+    rows' places."""
+
+    def __init__(self, rows: list[dict[str, Any]], places: list[str]) -> None:
+        if len(rows) != len(places):
+            raise ValueError(f"Rows: {len(rows)} rows but {len(places)} places")
+        super().__init__(rows)
+        self.places = list(places)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return Rows(list.__getitem__(self, index), self.places[index])
+        return list.__getitem__(self, index)
+
+
+def row_place(rows: list[dict[str, Any]], i: int) -> str:
+    """Where row ``i`` of ``rows`` is in its file: ``"line 7"`` (jsonl, csv), ``"item 3"`` (a json list); a table
+    with no lines (parquet, a hub dataset, json columns, rows a task built) names the row's count from 0."""
+    return rows.places[i] if isinstance(rows, Rows) else _counted_place(i)
+
+
+def _counted_place(i: int) -> str:
+    return f"row {i} (rows count from 0)"
+
+
+def _counted(rows: list[dict[str, Any]]) -> Rows:
+    return Rows(rows, [_counted_place(i) for i in range(len(rows))])
 
 
 def _decode(data: bytes, path: Path) -> str:
@@ -73,40 +105,43 @@ def _record(value: Any, path: Path, where: str) -> dict[str, Any]:
     return value
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> Rows:
     text = _decode(path.read_bytes(), path)
-    rows = []
+    rows, places = [], []
     for number, line in enumerate(text.split("\n"), start=1):
         if line.strip():
             rows.append(_record(_json_value(line, path, number), path, f"line {number}"))
-    return rows
+            places.append(f"line {number}")
+    return Rows(rows, places)
 
 
-def read_json(path: Path) -> list[dict[str, Any]]:
+def read_json(path: Path) -> Rows:
     """A list of objects, or an object of equal-length columns."""
     data = _json_value(_decode(path.read_bytes(), path), path, 1)
     if isinstance(data, list):
-        return [_record(row, path, f"item {i}") for i, row in enumerate(data)]
+        places = [f"item {i} (items count from 0)" for i in range(len(data))]
+        return Rows([_record(row, path, place) for row, place in zip(data, places, strict=True)], places)
     if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         lengths = {len(v) for v in data.values()}
         if len(lengths) != 1:
             raise ValueError(f"task.path: {path} holds columns of different lengths {sorted(lengths)}")
-        return [dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)]
+        return _counted([dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)])
     raise ValueError(f"task.path: {path} must hold a JSON list of objects or an object of columns")
 
 
-def read_csv(path: Path) -> list[dict[str, Any]]:
+def read_csv(path: Path) -> Rows:
     reader = csv.reader(io.StringIO(_decode(path.read_bytes(), path), newline=""))
     try:
         header = next(reader)
     except StopIteration:
-        return []
+        return Rows([], [])
     except csv.Error as exc:
         raise ValueError(f"task.path: {path} line 1 is not valid CSV ({exc})") from None
     if len(set(header)) != len(header) or any(not h.strip() for h in header):
         raise ValueError(f"task.path: {path} line 1: the header has empty or repeated column names {header}")
-    rows = []
+    rows, places = [], []
     while True:
+        first_line = reader.line_num + 1  # a quoted cell may span lines: the record starts after the last one read
         try:
             cells = next(reader)
         except StopIteration:
@@ -120,15 +155,16 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
                              f"{len(header)}")
         cells += [""] * (len(header) - len(cells))
         rows.append({h: (c if c != "" else None) for h, c in zip(header, cells, strict=True)})
-    return rows
+        places.append(f"line {first_line}")
+    return Rows(rows, places)
 
 
-def read_parquet(path: Path) -> list[dict[str, Any]]:
+def read_parquet(path: Path) -> Rows:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()
+        return _counted(pq.read_table(path).to_pylist())
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"task.path: {path} is not a readable parquet file ({str(exc).splitlines()[0]})") from None
 
@@ -136,7 +172,7 @@ def read_parquet(path: Path) -> list[dict[str, Any]]:
 READERS = {".jsonl": read_jsonl, ".json": read_json, ".csv": read_csv, ".parquet": read_parquet}
 
 
-def load_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
+def load_rows(source: str, split: str = "train") -> Rows:
     """Rows of a local file (jsonl/json/parquet/csv) as written, or of a hub dataset ``split`` (needs network or a
     local cache)."""
     path = Path(os.path.expanduser(source))
@@ -159,7 +195,7 @@ def load_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
                              f"(offline?) and has no cached copy of it")
         source = snapshot
     try:
-        return list(datasets.load_dataset(source, split=split))
+        return _counted(list(datasets.load_dataset(source, split=split)))
     except Exception as exc:  # noqa: BLE001 -- turned into one clear line naming the field
         raise ValueError(f"task.path: cannot load dataset {source!r} split {split!r} "
                          f"(a hub id needs network access): {type(exc).__name__}: {exc}") from exc

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.cache import EMBEDDED_VL_NAME, build_once, cache_root
+from mmrl.tasks.tables import Rows, load_rows, row_place
 
 # Recommended config of every task with images (``register_task(..., config_defaults=IMAGE_TASK_DEFAULTS)``): the
 # embedded Qwen2.5-VL, so that ``--task geoqa`` without ``--model`` gets a model that sees images, on either backend.
@@ -81,8 +82,6 @@ def check_image(value: str | bytes, where: str) -> tuple[int, int]:
 def load_table(source: str, split: str, max_samples: int = 0) -> tuple[list[dict[str, Any]], Path | None]:
     """Rows of a local table (jsonl/json/parquet/csv), an image folder (``<label>/<image>``) or a hub dataset
     ``split``, and the directory that relative image paths are resolved against."""
-    from mmrl.tasks.tables import load_rows
-
     path = Path(os.path.expanduser(source))
     if path.is_dir():
         rows, base = image_folder_rows(path), path.resolve()
@@ -113,16 +112,17 @@ def strip_answer_tags(value: Any) -> Any:
     return value
 
 
-def image_folder_rows(root: Path) -> list[dict[str, Any]]:
+def image_folder_rows(root: Path) -> Rows:
     """An ImageFolder layout ``root/<label>/<image>`` as rows ``{"image": path, "label": label}`` (sorted)."""
-    rows = []
+    rows, places = [], []
     for class_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         for image in sorted(p for p in class_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
             rows.append({"image": str(image.resolve()), "label": class_dir.name})
+            places.append(f"file {class_dir.name}/{image.name}")
     if not rows:
         raise ValueError(f"task.path: image folder {str(root)!r} has no <label>/<image> files "
                          f"({', '.join(IMAGE_SUFFIXES)})")
-    return rows
+    return Rows(rows, places)
 
 
 def require_column(rows: list[dict[str, Any]], key: str, option: str, where: str) -> None:
@@ -132,7 +132,7 @@ def require_column(rows: list[dict[str, Any]], key: str, option: str, where: str
         return
     if all(key not in row for row in rows):
         raise ValueError(f"task.{option}: {where} has no column {key!r} (columns: {sorted(map(str, rows[0]))})")
-    raise ValueError(f"task.path: {where} row {missing} has no {key!r} (rows count from 0)")
+    raise ValueError(f"task.path: {where} {row_place(rows, missing)} has no {key!r}")
 
 
 def vision_messages(image: Any, text: str, system_prompt: str | None = None) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from mmrl.rewards.vision import gold_letter, sample_options
 from mmrl.rewards.vision_metrics import match_accuracy
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.synthetic_vision import choice_prompt, synthetic_set
+from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
     IMAGE_TASK_DEFAULTS,
     image_value,
@@ -51,7 +52,7 @@ def choice_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, im
         require_column(rows, options_key, "options_key", where)
     samples = []
     for i, row in enumerate(rows):
-        at = f"{where} row {i}"
+        at = f"{where} {row_place(rows, i)}"
         cell = to_plain(row.get(image_key))
         cells = cell if isinstance(cell, list) else [cell]
         if not cells:
