@@ -469,9 +469,9 @@ def test_hyper_parameter_types_are_checked_with_one_line():
             algos.get("grpo", clip_high=value)
         with pytest.raises(ValueError, match="must be a finite number"):
             algos.get("gmpo", std_eps=value)
-    with pytest.raises(ValueError, match="gpg.max_resample must be int"):
+    with pytest.raises(ValueError, match="gpg.max_resample must be an integer"):
         algos.get("gpg", max_resample=2.5)
-    with pytest.raises(ValueError, match="gpg.adjust_alpha must be bool"):
+    with pytest.raises(ValueError, match="gpg.adjust_alpha must be true or false"):
         algos.get("gpg", adjust_alpha="yes")
     assert algos.get("grpo", clip_low=0).clip_low == 0.0 and algos.get("dr_grpo", max_tokens=None).max_tokens is None
     with pytest.raises(ValueError, match="std_eps must be > 0"):

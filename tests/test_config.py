@@ -32,7 +32,7 @@ def test_shortcuts():
 @pytest.mark.parametrize("overrides,message", [
     ({"rollout.temprature": 1}, "unknown field 'rollout.temprature' (did you mean 'temperature'?)"),
     ({"rolout.temperature": 1}, "unknown field 'rolout.temperature' (did you mean 'rollout'?)"),
-    ({"optim.lr": "fast"}, "optim.lr must be a number, got 'fast'"),
+    ({"optim.lr": "fast"}, "optim.lr must be a finite number, got 'fast'"),
     ({"run.steps": 2.5}, "run.steps must be an integer"),
     ({"run.plot": "maybe"}, "run.plot must be true or false"),
 ])
@@ -96,7 +96,7 @@ def test_a_non_finite_number_fails_at_start_naming_its_field(flag, value):
 
 
 def test_betas_are_checked_one_by_one_and_in_range():
-    with pytest.raises(ValueError, match=r"optim.betas\[1\] must be a number, got 'abc'"):
+    with pytest.raises(ValueError, match=r"optim.betas\[1\] must be a finite number, got 'abc'"):
         parse_config(["--optim.betas", "[0.9, abc]"])
     with pytest.raises(ValueError, match="optim.betas must both be in"):
         validate(parse_config(["--optim.betas", "[1.5, 0.999]"]))

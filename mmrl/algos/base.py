@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import math
 from typing import Any, ClassVar
 
 import torch
+
+from mmrl.values import as_default_type
 
 Tensor = torch.Tensor
 Metrics = dict[str, float]
@@ -50,26 +51,11 @@ def get(name: str, **params: Any) -> Algorithm:
     for key, value in params.items():
         if key not in fields:
             raise ValueError(f"algorithm {name!r} has no hyper-parameter {key!r}; it has: {', '.join(sorted(fields))}")
-        checked[key] = _typed(f"{name}.{key}", value, fields[key].default)
+        # hyper-parameters arrive typed (the config read the text); a None default is "an integer or None"
+        default = fields[key].default
+        checked[key] = as_default_type(f"algorithm hyper-parameter {name}.{key}", value,
+                                       0 if default is None else default, allow_none=default is None)
     return cls(**checked)
-
-
-def _typed(where: str, value: Any, default: Any) -> Any:
-    """``value`` checked against the type of the field's default (None defaults take an int or None)."""
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        value = float(value) if ok else value
-    elif isinstance(default, int) or default is None:
-        ok = (isinstance(value, int) and not isinstance(value, bool)) or (default is None and value is None)
-    else:
-        ok = isinstance(value, type(default))
-    if not ok:
-        kind = ("an integer or null" if default is None else "a finite number" if isinstance(default, float)
-                else type(default).__name__)
-        raise ValueError(f"algorithm hyper-parameter {where} must be {kind}, got {value!r}")
-    return value
 
 
 def hyperparameters(name: str) -> dict[str, Any]:

@@ -20,11 +20,11 @@ model follows, mmrl/tasks/prompts.py), while its defaults stay what the embedded
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from mmrl.rewards.base import Reward
+from mmrl.values import as_default_type, exact_scalar
 
 TASKS: dict[str, Callable[..., Task | EnvTask]] = {}
 TASK_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {}  # task name -> {"section.field": value}
@@ -132,29 +132,9 @@ def option_defaults(name: str) -> dict[str, Any]:
 
 
 def typed_option(where: str, value: Any, default: Any) -> Any:
-    """A task option as the type of its default. Text from the command line is converted only where the option is a
+    """A task option as the type of its default. Text from the command line is read only where the option is a
     number or a flag, so a text option keeps exactly what was written ("007" stays "007", "yes" stays "yes"); a YAML
     value of the wrong kind (an unquoted number for a text option) is refused rather than re-written."""
-    if isinstance(default, bool):
-        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"{where} must be true or false, got {value!r}")
-    if isinstance(default, (int, float)):
-        number = value
-        if isinstance(value, str):
-            try:
-                number = int(value) if isinstance(default, int) else float(value)
-            except ValueError:
-                number = None
-        if isinstance(default, int) and isinstance(number, float) and number.is_integer():
-            number = int(number)
-        kind = int if isinstance(default, int) else (int, float)
-        if not isinstance(number, kind) or isinstance(number, bool) or not math.isfinite(number):
-            what = "an integer" if isinstance(default, int) else "a finite number"
-            raise ValueError(f"{where} must be {what}, got {value!r}")
-        return number if isinstance(default, int) else float(number)
-    if not isinstance(value, str):
-        raise ValueError(f"{where} must be text, got {value!r} (quote it in YAML)")
-    return value
+    return as_default_type(where, value, default, exact_scalar)
+
+

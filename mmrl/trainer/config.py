@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import mmrl.algos as algos
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.trainer.schedule import SCHEDULES
 from mmrl.trainer.text_sampler import SAMPLERS
+from mmrl.values import as_default_type, yaml_scalar
 
 
 @dataclasses.dataclass
@@ -211,48 +211,8 @@ def _section_fields(section: str) -> dict[str, dataclasses.Field]:
 
 
 def _coerce(where: str, value: Any, default: Any) -> Any:
-    """Convert a YAML/CLI value to the field's type, or raise ValueError naming the field."""
-    if isinstance(value, str) and not isinstance(default, str):
-        value = parse_scalar(value)
-    target = type(default)
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"config: {where} must be true or false, got {value!r}")
-    if isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ValueError(f"config: {where} must be an integer, got {value!r}")
-    if isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):  # an inf lr turns every weight into NaN in one step
-                raise ValueError(f"config: {where} must be a finite number, got {value!r}")
-            return float(value)
-        raise ValueError(f"config: {where} must be a number, got {value!r}")
-    if isinstance(default, tuple):
-        if isinstance(value, (list, tuple)) and len(value) == len(default):
-            return tuple(_coerce(f"{where}[{i}]", v, d) for i, (v, d) in enumerate(zip(value, default, strict=True)))
-        raise ValueError(f"config: {where} must be a list of {len(default)} numbers, got {value!r}")
-    if target is str:
-        return str(value)
-    if isinstance(default, list) and not isinstance(value, list):
-        raise ValueError(f"config: {where} must be a list, got {value!r}")
-    return value
-
-
-def parse_scalar(text: str) -> Any:
-    """A CLI/YAML string as a Python value: ``5e-4`` is a float (YAML 1.1 alone would keep it a string)."""
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    try:
-        return yaml.safe_load(text) if text.strip() else text
-    except yaml.YAMLError:
-        return text
+    """A YAML/CLI value as the field's type, or ValueError naming the field (mmrl/values.py)."""
+    return as_default_type(f"config: {where}", value, default, yaml_scalar)
 
 
 def _suggest(name: str, options: typing.Iterable[str]) -> str:
@@ -284,7 +244,7 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
         elif section in OPEN_SECTIONS:
             extra = getattr(obj, OPEN_SECTIONS[section])
             # a task option keeps its text as written: the task converts it by its option's type (tasks/base.py)
-            extra[field] = parse_scalar(value) if isinstance(value, str) and section != "task" else value
+            extra[field] = yaml_scalar(value) if isinstance(value, str) and section != "task" else value
         else:
             raise ValueError(f"config ({origin}): unknown field {key!r}{_suggest(field, fields)}")
 

@@ -1,0 +1,97 @@
+"""One check of a value against the type of its field's default, for config fields, objective hyper-parameters and
+task options alike.
+
+The three differ only in what text they read, which the caller passes as ``read_text``:
+
+* config fields: :func:`yaml_scalar` (a flag's ``5e-4`` is a float, ``[0.9, 0.99]`` a list);
+* task options: :func:`exact_scalar` (text becomes a number or a flag only where the option is one, so a text option
+  keeps exactly what was written: ``"007"`` stays ``"007"``);
+* objective hyper-parameters: none (they arrive typed, from the config's ``algo`` section or from Python).
+
+Whatever the text, the value must then be of the default's kind: a flag is ``true`` / ``false``; an integer is an
+integer (``1e3`` written as a float is 1000, ``2.5`` is refused, ``true`` is not 1); a number is finite (an inf
+learning rate turns every weight into NaN in one step); text is text (a YAML ``5`` for a text field is refused, not
+re-written as ``"5"``; a path is text); a fixed-length tuple is checked element by element.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+TextReader = Callable[[str, Any], Any]
+
+
+def yaml_scalar(text: str, default: Any = None) -> Any:
+    """A CLI/YAML string as a Python value: ``5e-4`` is a float (YAML 1.1 alone would keep it a string); text YAML
+    cannot read stays text."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def exact_scalar(text: str, default: Any) -> Any:
+    """Text read as the default's kind only: ``true`` / ``false`` for a flag, ``int()`` / ``float()`` for a number;
+    anything else is returned unread (and then refused by :func:`as_default_type`)."""
+    if isinstance(default, bool):
+        word = text.strip().lower()
+        return word == "true" if word in ("true", "false") else text
+    if isinstance(default, (int, float)):
+        try:
+            return int(text) if isinstance(default, int) else float(text)
+        except ValueError:
+            return text
+    return text
+
+
+def as_default_type(where: str, value: Any, default: Any, read_text: TextReader | None = None, *,
+                    allow_none: bool = False) -> Any:
+    """``value`` as the type of ``default``, or ValueError ``"<where> must be <kind>, got <value>"``. ``read_text``
+    reads a string given for a field that is not text; ``allow_none`` also accepts None (a field whose default is
+    None passes an example default of its type)."""
+    if allow_none and value is None:
+        return None
+    if isinstance(value, str) and read_text is not None and not isinstance(default, str):
+        value = read_text(value, default)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{where} must be true or false, got {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{where} must be an integer{' or null' if allow_none else ''}, got {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise ValueError(f"{where} must be a finite number, got {value!r}")
+    if isinstance(default, str):
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{where} must be text, got {value!r} (quote it in YAML)")
+    if isinstance(default, tuple):
+        if isinstance(value, (list, tuple)) and len(value) == len(default):
+            return tuple(as_default_type(f"{where}[{i}]", v, d, read_text)
+                         for i, (v, d) in enumerate(zip(value, default, strict=True)))
+        raise ValueError(f"{where} must be a list of {len(default)} values, got {value!r}")
+    if isinstance(default, list):
+        if isinstance(value, list):
+            return value
+        raise ValueError(f"{where} must be a list, got {value!r}")
+    if default is not None and not isinstance(value, type(default)):
+        raise ValueError(f"{where} must be {type(default).__name__}, got {value!r}")
+    return value
