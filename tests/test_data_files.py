@@ -139,6 +139,9 @@ def test_csv_with_more_cells_than_the_header_is_refused(tmp_path):
     path.write_text("problem,answer\na,1\nb,2,3\n")
     with pytest.raises(ValueError, match="d.csv line 3 has 3 cells, the header 2"):
         get_task("math", path=str(path))
+    path.write_text('problem,answer\n"a\nb",1,2\n')  # named by the line its record starts on
+    with pytest.raises(ValueError, match="d.csv line 2 has 3 cells"):
+        get_task("math", path=str(path))
 
 
 def test_an_image_row_without_its_answer_is_named_by_its_row(tmp_path):

@@ -62,6 +62,14 @@ def test_a_path_is_text_and_a_none_default_takes_an_integer_or_none(tmp_path):
     assert as_default_type("x", Path("a"), "") == "a"
 
 
+def test_a_mapping_is_left_to_its_owners_check():
+    from mmrl.train import parse_config
+    from mmrl.trainer.config import validate
+
+    with pytest.raises(ValueError, match="cluster.extra must be a mapping of OpenRLHF flags"):
+        validate(parse_config(["--cluster.extra", "5"]))
+
+
 def test_a_tuple_is_checked_element_by_element():
     assert as_default_type("x", [1, "2"], (0.5, 0), yaml_scalar) == (1.0, 2)
     with pytest.raises(ValueError, match=r"x\[1\] must be an integer, got 2.5"):

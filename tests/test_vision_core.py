@@ -334,11 +334,11 @@ def test_task_with_missing_image_fails_at_start_naming_the_row(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"not an image")
     lines = [{"image": "a.png", "problem": "p", "answer": "1"}, {"image": "gone.png", "problem": "p", "answer": "2"}]
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-    with pytest.raises(ValueError, match="row 1 .*does not exist"):
+    with pytest.raises(ValueError, match="d.jsonl line 2 .*does not exist"):
         get_task("geoqa", path=str(tmp_path / "d.jsonl"))
     lines[1]["image"] = "bad.png"
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-    with pytest.raises(ValueError, match="row 1 .*cannot be read"):
+    with pytest.raises(ValueError, match="d.jsonl line 2 .*cannot be read"):
         get_task("geoqa", path=str(tmp_path / "d.jsonl"))
 
 

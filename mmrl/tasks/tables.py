@@ -151,7 +151,7 @@ def read_csv(path: Path) -> Rows:
         if not cells:
             continue
         if len(cells) > len(header):
-            raise ValueError(f"task.path: {path} line {reader.line_num} has {len(cells)} cells, the header "
+            raise ValueError(f"task.path: {path} line {first_line} has {len(cells)} cells, the header "
                              f"{len(header)}")
         cells += [""] * (len(header) - len(cells))
         rows.append({h: (c if c != "" else None) for h, c in zip(header, cells, strict=True)})
