@@ -226,6 +226,28 @@ def test_generated_reward_func_file_scores_like_the_task(tmp_path, embedded_mode
     assert float(broken[0]["rewards"][0]) == 0.5 and float(broken[0]["extra_logs"]["mmrl/accuracy"][0]) == 0.0
 
 
+def test_concurrent_first_calls_of_the_reward_func_file_all_score(tmp_path, embedded_model_dir):
+    """OpenRLHF scores the samples of a step at once, each in its own thread (``asyncio.to_thread``); the first calls
+    of a fresh file all arrive while its reward is still being built. Each must score, not fail on a half-built state
+    (a KeyError that OpenRLHF only logs, so the step then failed with "reward_model_group is required")."""
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+    from transformers import AutoTokenizer
+
+    cfg = parse_config(["--backend", "openrlhf", "--out", str(tmp_path), *SMALL_CLUSTER])
+    launch = resolve_launch(cfg, write=True)
+    executor = SingleTurnAgentExecutor(launch.files["reward_func"])
+    row = json.loads(open(launch.files["train"]).readline())
+    prompt = AutoTokenizer.from_pretrained(embedded_model_dir).apply_chat_template(
+        row["messages"], tokenize=False, add_generation_prompt=True)
+    answer = json.loads(row["label"])["answer"]
+
+    async def eight_at_once():
+        return await asyncio.gather(*[executor._fetch_rewards_via_func(
+            [f"{prompt}<answer>{answer}</answer>"], [prompt], [row["label"]]) for _ in range(8)])
+
+    assert [float(out[0]["rewards"][0]) for out in asyncio.run(eight_at_once())] == [1.0] * 8
+
+
 def test_completion_text_drops_the_prompt_and_special_tokens():
     assert completion_text("PROMPT<b>ans</b><|im_end|>", "PROMPT", ["<|im_end|>"]) == "<b>ans</b>"
     assert completion_text("PROMPX rest", "PROMPT", []) == "X rest"

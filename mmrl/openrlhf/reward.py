@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -75,15 +76,25 @@ def _special_tokens(tokenizer_path: str) -> list[str]:
 def make_reward_func(spec: dict[str, Any]) -> Callable[[list[str], list[str], list[str]], dict[str, Any]]:
     """``reward_func`` for task ``spec`` = {"task", "options", "reward_model", "reward_model_weight", "tokenizer"}."""
     state: dict[str, Any] = {}
+    building = threading.Lock()
+
+    def built() -> dict[str, Any]:
+        # Built on first call, once per vLLM actor process. OpenRLHF calls reward_func from several threads at once
+        # (asyncio.to_thread per sample), so the first calls wait for one build: without the lock a second thread saw
+        # a half-filled state and raised KeyError('special'), and the step failed for want of rewards.
+        with building:
+            if not state:
+                reward, accuracy_key, format_key = _build_reward(spec)
+                special = _special_tokens(spec.get("tokenizer", ""))
+                state.update(reward=reward, accuracy_key=accuracy_key, format_key=format_key, special=special)
+        return state
 
     def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> dict[str, Any]:
-        if not state:  # built on first call, once per vLLM actor process
-            state["reward"], state["accuracy_key"], state["format_key"] = _build_reward(spec)
-            state["special"] = _special_tokens(spec.get("tokenizer", ""))
-        reward = state["reward"]
+        scoring = built()
+        reward = scoring["reward"]
         samples, texts = [], []
         for query, prompt, label in zip(queries, prompts, labels, strict=True):
-            texts.append(completion_text(query, prompt, state["special"]))
+            texts.append(completion_text(query, prompt, scoring["special"]))
             try:
                 sample = json.loads(label) if isinstance(label, str) else dict(label)
             except (ValueError, TypeError):
@@ -91,9 +102,9 @@ def make_reward_func(spec: dict[str, Any]) -> Callable[[list[str], list[str], li
             samples.append(sample)
         results = reward(texts, samples)
         scores = torch.tensor([r.score for r in results], dtype=torch.float32)
-        logs = {"mmrl/accuracy": [float(r.components.get(state["accuracy_key"], 0.0) >= 1.0) for r in results]}
-        if state["format_key"]:
-            logs["mmrl/format"] = [float(r.components.get(state["format_key"], 0.0) >= 1.0) for r in results]
+        logs = {"mmrl/accuracy": [float(r.components.get(scoring["accuracy_key"], 0.0) >= 1.0) for r in results]}
+        if scoring["format_key"]:
+            logs["mmrl/format"] = [float(r.components.get(scoring["format_key"], 0.0) >= 1.0) for r in results]
         return {"rewards": scores, "scores": scores,
                 "extra_logs": {k: torch.tensor(v, dtype=torch.float32) for k, v in logs.items()}}
 
