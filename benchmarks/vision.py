@@ -15,6 +15,7 @@ curves of every objective, and a step's time split.
 Writes ``benchmarks/results/vision/vision.json``, ``vision.png`` and ``table.md``.
 
     python benchmarks/vision.py curves [--algos gpg,grpo] [--tasks geoqa,grounding-iou,grounding-giou] [--seeds 0,1,2]
+                                       [--lr 2.5e-4 --out benchmarks/results/vision-lr2.5e-4]
     python benchmarks/vision.py timing [--timing-steps 4]
     python benchmarks/vision.py summarise
 """
@@ -59,12 +60,15 @@ def cpu_seconds() -> float:
     return time.process_time()
 
 
-def run_one(task_name: str, algo: str, seed: int, steps: int, eval_every: int, threads: int, out: Path) -> dict:
+def run_one(task_name: str, algo: str, seed: int, steps: int, eval_every: int, threads: int, out: Path,
+            lr: float = 0.0) -> dict:
     task, task_overrides, default_steps, default_eval_every, keys = TASKS[task_name]
     steps, eval_every = steps or default_steps, eval_every or default_eval_every
     overrides = {**QUIET, **DEMO, **task_overrides, "algo.name": algo, "task.name": task, "run.seed": seed,
                  "run.steps": steps, "run.eval_every": eval_every, "model.threads": threads,
                  "run.out_dir": str(out / "runs" / f"{task_name}-{algo}-s{seed}")}
+    if lr:  # else the task's own lr (grounding 5e-4) or the generic default
+        overrides["optim.lr"] = lr
     cfg = resolve_config([(overrides, "benchmark")])  # the task's declared defaults underneath, as mmrl.train
     load_start, wall, cpu = os.getloadavg()[0], time.perf_counter(), cpu_seconds()
     trainer = build_trainer(cfg)
@@ -75,7 +79,8 @@ def run_one(task_name: str, algo: str, seed: int, steps: int, eval_every: int, t
     records = read_metrics(trainer.run_dir / "metrics.jsonl")
     evals = [r for r in records if "eval/pass@1" in r]
     curves = {k: [(r["step"], r.get(f"eval/{k}")) for r in evals] for k in keys}
-    result = {"task": task_name, "algo": algo, "seed": seed, "steps": steps, "wall_s": wall, "cpu_s": cpu,
+    result = {"task": task_name, "algo": algo, "seed": seed, "steps": steps, "lr": cfg.optim.lr, "wall_s": wall,
+              "cpu_s": cpu,
               "load_start": load_start, "load_end": os.getloadavg()[0],
               "start": {k: evals[0].get(f"eval/{k}") for k in keys},
               "end": {k: evals[-1].get(f"eval/{k}") for k in keys},
@@ -200,6 +205,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=0, help="0: the task's default (geoqa 20, grounding 50)")
     parser.add_argument("--timing-steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=0.0,
+                        help="peak lr of every run (0: the task's own); give each lr its own --out")
     parser.add_argument("--out", default="benchmarks/results/vision")
     args = parser.parse_args()
     out = Path(args.out)
@@ -209,7 +216,7 @@ def main() -> None:
         for task in args.tasks.split(","):
             for algo in args.algos.split(","):
                 for seed in (int(s) for s in args.seeds.split(",")):
-                    run_one(task, algo, seed, args.steps, args.eval_every, args.threads, out)
+                    run_one(task, algo, seed, args.steps, args.eval_every, args.threads, out, args.lr)
     summarise(out)
 
 
