@@ -1,6 +1,13 @@
 """The embedded default models: tiny Qwen2 / Qwen3-MoE with a byte-level BPE tokenizer, built locally, no download.
 
-``build_embedded(cache_dir, name)`` is deterministic: the same recipe gives the same files on every machine.
+``build_embedded(cache_dir, name)`` is deterministic: the same recipe gives the same files on every x86-64 machine.
+Pre-training a tiny model from scratch is chaotic: a matmul that rounds one last bit differently grows, over hundreds of
+steps, into a different model. PyTorch and MKL choose their kernels by the CPU's instruction set, and AVX-512 kernels
+round differently from AVX2 ones, so before the kernels were pinned the same recipe built a different model on an
+AVX-512 machine (the geoqa default started at held-out pass@1 0.20 instead of the documented 0.34, and grounding's
+default did not learn). The build therefore runs in a child process whose kernels are capped at AVX2
+(``PINNED_KERNELS``), with one thread. Other architectures (aarch64) build with their own kernels: deterministic on
+one machine, not equal to x86-64's.
 
 ``embedded:tiny-qwen2`` (the default):
 
@@ -32,8 +39,13 @@ and the cache root live in the leaf module `mmrl.cache`.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import platform
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -241,24 +253,57 @@ BUILDERS = {EMBEDDED_NAME: _build_dense, EMBEDDED_MOE_NAME: _build_moe, EMBEDDED
             EMBEDDED_GROUNDING_NAME: _build_grounding_vl}  # each cached under its recipe version (mmrl.cache)
 
 
+# The kernels of every x86-64 build (see the module docstring): PyTorch's own, MKL's and oneDNN's, each capped at AVX2,
+# which every x86-64 CPU since 2013 has. On a CPU without AVX2 each library falls back to what the CPU has.
+PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def pinned_kernel_env() -> dict[str, str]:
+    """This process's environment for a build child: ``PINNED_KERNELS`` on x86-64, and mmrl importable."""
+    env = dict(os.environ)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        env.update(PINNED_KERNELS)
+    source_root = str(Path(__file__).resolve().parents[2])  # the folder holding the mmrl package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+BUILD_RECORD = "build.json"  # written last: how the model was built; a copy without it predates the pinned kernels
+
+
+def write_embedded(name: str, directory: Path) -> None:
+    """Build embedded model ``name`` in this process and save it into ``directory`` (one thread, a fixed seed), with
+    a record of how: the recipe, the kernels and the library versions."""
+    import transformers
+
+    torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
+    with torch.random.fork_rng():
+        model, tokenizer = BUILDERS[name]()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)  # a processor (vision default) saves its tokenizer and image processor
+    record = {"name": name, "recipe": RECIPE_VERSIONS[name], "machine": platform.machine(),
+              "kernels": torch.backends.cpu.get_cpu_capability(),
+              "pinned": {k: os.environ.get(k) for k in PINNED_KERNELS},
+              "torch": torch.__version__, "transformers": transformers.__version__}
+    (directory / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
 def build_embedded(cache_dir: Path | None = None, force: bool = False, name: str = EMBEDDED_NAME) -> Path:
-    """Path of an embedded model's directory, building it on first use (~10-20 s on 2 cores)."""
+    """Path of an embedded model's directory, building it on first use (~10 s to ~13 min on one core)."""
     if name not in BUILDERS:
         raise ValueError(f"model: unknown embedded model {name!r}; choose one of: {', '.join(BUILDERS)}")
-    version, build = RECIPE_VERSIONS[name], BUILDERS[name]
-    target = (cache_dir or cache_root()) / "models" / version
+    target = (cache_dir or cache_root()) / "models" / RECIPE_VERSIONS[name]
 
     def build_into(directory: Path) -> None:
-        logging.getLogger("mmrl").info("building %s on first use (tokenizer + pre-training, ~10 s to ~10 min) into %s",
+        logging.getLogger("mmrl").info("building %s on first use (tokenizer + pre-training, ~10 s to ~13 min) into %s",
                                        name, target)
-        previous_threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
-        try:
-            with torch.random.fork_rng():
-                model, tokenizer = build()
-        finally:
-            torch.set_num_threads(previous_threads)
-        model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)  # a processor (vision default) saves its tokenizer and image processor
+        # a child process: the kernels are chosen when PyTorch starts, and this one has started (its errors go to
+        # this process's stderr as they happen)
+        done = subprocess.run([sys.executable, "-m", "mmrl.models.build_child", name, str(directory)],
+                              env=pinned_kernel_env(), stdin=subprocess.DEVNULL, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"model: building {name} into {target} failed (the build process exited with "
+                               f"{done.returncode}; its error is printed above)")
 
-    return build_once(target, build_into, "config.json", force=force)
+    # a copy without the build record (built in-process, before the kernels were pinned) is built again
+    return build_once(target, build_into, BUILD_RECORD, force=force)

@@ -5,7 +5,8 @@ The processor and the architecture are the vision layer's (`mmrl.vision.embedded
 model's (`mmrl.models.pretrain`); the text and rows come from the bundled tasks, which is why the recipe sits in the
 model layer (above tasks and vision).
 
-Recipe (deterministic; cached by ``VL_RECIPE_VERSION`` in `mmrl.cache`, like the text default):
+Recipe (deterministic on every x86-64 machine, built with AVX2 kernels by `mmrl.models.embedded.build_embedded`;
+cached by ``VL_RECIPE_VERSION`` in `mmrl.cache`, like the text default):
 
 1. the byte-level BPE tokenizer of the text default, trained on its corpus plus the bundled geometry prompts and
    answers, with the Qwen-VL special tokens, one token per ``<think>``/``<answer>`` tag (a whole bundled answer
