@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from mmrl.models import load_model, load_tokenizer, resolve
-from mmrl.models.embedded import train_tokenizer
+from mmrl.models.embedded import KERNELS_PINNED_HERE, train_tokenizer
 from mmrl.trainer.evaluate import pass_at_k
 
 
@@ -51,7 +50,6 @@ def test_embedded_build_is_reproducible(tmp_path, embedded_model_dir):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-X86_64 = platform.machine().lower() in ("x86_64", "amd64")
 # embedded:tiny-qwen2's weights as built with AVX2 kernels, and the versions that built them: a new torch or
 # transformers may build other weights (then the documented figures of every embedded model need re-measuring, and
 # this digest re-recording)
@@ -59,7 +57,7 @@ RECORDED_DEFAULT = {"torch": "2.14.1", "transformers": "5.24.0",
                     "sha256": "4fc1ddd690d7b95e0382ae2b87deda4a31ef3fc565663c615832804a89a79645"}
 
 
-@pytest.mark.skipif(not X86_64, reason="the build pins its kernels on x86-64 only")
+@pytest.mark.skipif(not KERNELS_PINNED_HERE, reason="the build pins its kernels on x86-64 only")
 def test_the_build_process_runs_avx2_kernels_whatever_the_cpu():
     """PyTorch picks its kernels when it starts, by the CPU: the build's child process gets AVX2 ones even on an
     AVX-512 CPU (whose kernels round differently, and built a different model: geoqa's default started at pass@1 0.20
@@ -74,7 +72,7 @@ def test_the_build_process_runs_avx2_kernels_whatever_the_cpu():
     assert done.stdout.strip() == "AVX2"
 
 
-@pytest.mark.skipif(not X86_64, reason="the build pins its kernels on x86-64 only")
+@pytest.mark.skipif(not KERNELS_PINNED_HERE, reason="the build pins its kernels on x86-64 only")
 def test_the_default_model_has_the_recorded_weights_on_x86_64(embedded_model_dir):
     import transformers
 

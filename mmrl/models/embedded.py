@@ -256,12 +256,13 @@ BUILDERS = {EMBEDDED_NAME: _build_dense, EMBEDDED_MOE_NAME: _build_moe, EMBEDDED
 # The kernels of every x86-64 build (see the module docstring): PyTorch's own, MKL's and oneDNN's, each capped at AVX2,
 # which every x86-64 CPU since 2013 has. On a CPU without AVX2 each library falls back to what the CPU has.
 PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+KERNELS_PINNED_HERE = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def pinned_kernel_env() -> dict[str, str]:
     """This process's environment for a build child: ``PINNED_KERNELS`` on x86-64, and mmrl importable."""
     env = dict(os.environ)
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    if KERNELS_PINNED_HERE:
         env.update(PINNED_KERNELS)
     source_root = str(Path(__file__).resolve().parents[2])  # the folder holding the mmrl package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH", "")) if p)
