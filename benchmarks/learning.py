@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from common import head_tail, pyplot, run_config, smooth
+from summary import result_row, write_summary
 
 import mmrl.algos as algos
 
@@ -61,6 +62,15 @@ def main() -> None:
               f"{m['eval_pass@1']:11.3f} {m['wall_s']:7.1f}")
     (out_root / "learning.json").write_text(json.dumps({"config": vars(args), "torch": torch.__version__,
                                                         "machine": platform.machine(), "rows": rows}, indent=2))
+    summary_rows = []
+    for name in dict.fromkeys(r["algorithm"] for r in rows):
+        mine = [r for r in rows if r["algorithm"] == name]
+        summary_rows.append(result_row(name, f"mean reward, last 20 steps minus first 5 ({args.steps} steps)",
+                                       {r["seed"]: r["lift"] for r in mine}))
+        summary_rows.append(result_row(name, f"held-out pass@1 at step {args.steps}",
+                                       {r["seed"]: r["eval_pass@1"] for r in mine}))
+    write_summary(out_root, "Every objective on the bundled arithmetic task (embedded text default)", summary_rows,
+                  seeds=sorted({r["seed"] for r in rows}))
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in rows:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from common import QUIET, pyplot
+from summary import result_row, write_summary
 
 from mmrl.tasks.grounding import GROUNDING_DEFAULTS
 from mmrl.trainer.config import resolve_config
@@ -79,7 +80,8 @@ def run_one(task_name: str, algo: str, seed: int, steps: int, eval_every: int, t
     records = read_metrics(trainer.run_dir / "metrics.jsonl")
     evals = [r for r in records if "eval/pass@1" in r]
     curves = {k: [(r["step"], r.get(f"eval/{k}")) for r in evals] for k in keys}
-    result = {"task": task_name, "algo": algo, "seed": seed, "steps": steps, "lr": cfg.optim.lr, "wall_s": wall,
+    result = {"task": task_name, "algo": algo, "seed": seed, "steps": steps, "lr": cfg.optim.lr, "lr_flag": lr,
+              "wall_s": wall,
               "cpu_s": cpu,
               "load_start": load_start, "load_end": os.getloadavg()[0],
               "start": {k: evals[0].get(f"eval/{k}") for k in keys},
@@ -121,6 +123,7 @@ def summarise(out: Path) -> None:
     (out / "table.md").write_text(table + "\n")
     (out / "vision.json").write_text(json.dumps({"torch": torch.__version__, "machine": platform.machine(),
                                                  "runs": runs}, indent=1))
+    write_vision_summary(out, runs, groups)
     plt = pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in runs))
     # the two headline metrics of each task (pass@1 and pass@4; mIoU and Acc@0.5), one row each
@@ -140,6 +143,28 @@ def summarise(out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "vision.png", dpi=90)
     print(f"wrote {out / 'table.md'}, {out / 'vision.json'} and {out / 'vision.png'}")
+
+
+def write_vision_summary(out: Path, runs: list[dict], groups: dict[tuple[str, str], list[dict]]) -> None:
+    """``<out>.json`` for docs/results.md: per task and objective, each held-out metric's start, end and rise per
+    seed. Its command is the ``curves`` call that gives these runs again, whatever pieces they were run in."""
+    rows = []
+    for (task, algo), rs in sorted(groups.items()):
+        for k in TASKS[task][4][:2]:
+            done = [r for r in rs if r["start"][k] is not None and r["end"][k] is not None]
+            if done:
+                rows.append(result_row(f"{task} {algo}", f"held-out {k} at step 0",
+                                       {r["seed"]: r["start"][k] for r in done}))
+                rows.append(result_row(f"{task} {algo}", f"held-out {k} rise by step {done[0]['steps']}",
+                                       {r["seed"]: r["end"][k] - r["start"][k] for r in done}))
+    seeds = sorted({r["seed"] for r in runs})
+    lr_flags = {r.get("lr_flag", 0.0) for r in runs}  # 0: the task's own lr
+    command = (f"python benchmarks/vision.py curves --tasks {','.join(sorted({r['task'] for r in runs}))} "
+               f"--algos {','.join(sorted({r['algo'] for r in runs}))} --seeds {','.join(map(str, seeds))} "
+               f"--threads 1 --out {out}" + "".join(f" --lr {lr}" for lr in lr_flags if lr))
+    write_summary(out, "Vision RL on the shipped embedded Qwen-VL defaults", rows, seeds=seeds, command=command,
+                  notes="Held-out evaluation on diagrams and scenes never trained on; the rise is end minus start "
+                        "of each seed's own run.")
 
 
 def timed(fn, bucket: list[float]):

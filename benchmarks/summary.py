@@ -1,0 +1,101 @@
+"""The compact result file every benchmark writes, and that docs/results.md is generated from.
+
+A benchmark keeps its bulky output (runs, curves, per-step records) in its ``--out`` folder, which git ignores, and
+writes one summary beside it: ``<out>.json`` (``--out benchmarks/results/learning`` gives
+``benchmarks/results/learning.json``). A summary is small (< 100 KB) and is committed; ``python benchmarks/report.py``
+renders every committed summary into docs/results.md. A summary says how to get the figure again (the command, the
+machine, the versions, the seeds) and holds the figure's per-seed values, so the page states mean, standard error and
+range from data rather than from prose.
+
+    rows = [result_row("gpg", "held-out pass@1 lift", {0: 0.17, 1: 0.12, 2: 0.15})]
+    write_summary(Path(args.out), "Embedded geoqa demo: GPG lifts held-out pass@1", rows, seeds=[0, 1, 2])
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "mmrl-result/1"
+MAX_BYTES = 100_000
+# The CPU flags that decide which kernels PyTorch and MKL pick, and so the last bits of every float result.
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "fma", "asimd", "sve")
+
+
+def machine() -> dict[str, Any]:
+    """Architecture, usable cores, CPU model and the kernel-relevant CPU flags of this machine."""
+    cpu, flags = platform.processor() or "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model name") and not cpu:
+                cpu = value.strip()
+            if key.strip() in ("flags", "Features"):
+                flags = set(value.split())
+    except OSError:  # not Linux: the flags are unknown, the rest still holds
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"arch": platform.machine(), "cores": cores, "cpu": cpu,
+            "flags": sorted(f for f in KERNEL_FLAGS if f in flags)}
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of the libraries that move results: torch, transformers and (when imported) TRL."""
+    import torch
+    import transformers
+
+    found = {"python": platform.python_version(), "torch": torch.__version__,
+             "transformers": transformers.__version__}
+    if "trl" in sys.modules:
+        found["trl"] = sys.modules["trl"].__version__
+    return found
+
+
+def result_row(label: str, metric: str, values: dict[Any, float], unit: str = "") -> dict[str, Any]:
+    """One claim: ``values`` per seed (or per repeat); its mean, standard error (n - 1) and range are derived here."""
+    if not values:
+        raise ValueError(f"result row {label!r}: no values")
+    numbers = [float(v) for v in values.values()]
+    if not all(math.isfinite(v) for v in numbers):
+        raise ValueError(f"result row {label!r}: a value is not finite: {values}")
+    se = statistics.stdev(numbers) / math.sqrt(len(numbers)) if len(numbers) > 1 else None
+    return {"label": label, "metric": metric, "unit": unit, "values": {str(k): v for k, v in values.items()},
+            "n": len(numbers), "mean": statistics.mean(numbers), "se": se, "min": min(numbers), "max": max(numbers)}
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that ran, as a user would type it from the repository root."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0])
+    try:
+        script = script.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    return shlex.join(["python", str(script), *argv[1:]])
+
+
+def write_summary(out: Path, title: str, rows: list[dict[str, Any]], *, seeds: list[int], notes: str = "",
+                  figure: str | None = None, command: str | None = None) -> Path:
+    """Write ``<out>.json`` (see the module docstring) and return its path."""
+    out = Path(out)
+    summary = {"schema": SCHEMA, "name": out.name, "title": title, "command": command or command_line(),
+               "date": datetime.date.today().isoformat(), "machine": machine(), "versions": versions(),
+               "seeds": list(seeds), "rows": rows, "notes": notes, "figure": figure}
+    text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
+    if len(text.encode()) > MAX_BYTES:
+        raise ValueError(f"summary {out}.json would be {len(text.encode())} bytes; keep per-step data in {out}/")
+    path = out.parent / f"{out.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    print(f"wrote {path}")
+    return path

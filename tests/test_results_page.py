@@ -1,0 +1,62 @@
+"""docs/results.md is generated from the committed benchmark summaries, and is never stale against them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _module("report")
+summary = _module("summary")
+
+
+def test_the_results_page_is_what_the_committed_summaries_render():
+    assert report.main(["--check"]) == 0, "run `python benchmarks/report.py` and commit docs/results.md"
+
+
+def test_every_committed_summary_is_small_and_complete():
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        assert path.stat().st_size < summary.MAX_BYTES, path
+        loaded = report.load(path)
+        assert loaded["command"].startswith("python "), path
+        for row in loaded["rows"]:
+            assert row["n"] == len(row["values"]), (path, row["label"])
+
+
+def test_a_written_summary_renders_with_its_command_mean_and_standard_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = [summary.result_row("gpg", "held-out pass@1 lift", {0: 0.1, 1: 0.2, 2: 0.3})]
+    path = summary.write_summary(tmp_path / "demo", "A demo claim", rows, seeds=[0, 1, 2],
+                                 command="python benchmarks/vision.py curves --seeds 0,1,2")
+    assert path == tmp_path / "demo.json"
+    row = json.loads(path.read_text())["rows"][0]
+    assert row["mean"] == pytest.approx(0.2) and row["se"] == pytest.approx(0.1 / 3**0.5)
+    page = report.render(tmp_path)
+    assert '<a id="demo"></a>' in page and "## A demo claim" in page
+    assert "python benchmarks/vision.py curves --seeds 0,1,2" in page
+    assert "| gpg | held-out pass@1 lift | 0.200 | 0.058 | 0.100 … 0.300 | 3 |" in page
+
+
+def test_a_broken_summary_is_named_with_its_missing_field(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"schema": report.SCHEMA, "title": "t"}))
+    with pytest.raises(ValueError, match=r"bad\.json: field 'command' is missing"):
+        report.render(tmp_path)
+
+
+def test_a_non_finite_value_is_refused():
+    with pytest.raises(ValueError, match="not finite"):
+        summary.result_row("x", "lift", {0: float("nan")})
