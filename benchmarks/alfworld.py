@@ -43,6 +43,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(H
 
 import torch  # noqa: E402
 from common import QUIET, pyplot  # noqa: E402
+from summary import result_row, write_summary  # noqa: E402
 
 from mmrl.algos import get as get_algorithm  # noqa: E402
 from mmrl.envs.alfworld.generate import generate_games  # noqa: E402
@@ -408,6 +409,31 @@ def tuple_key(name: str) -> tuple[str, int]:
     return algo, int(seed)
 
 
+def write_alfworld_summary(out: Path, meta: dict, warm_rows: list, rl_rows: list) -> None:
+    """``<out>.json`` for docs/results.md: the warm start's held-out greedy success per warm-up seed, and per
+    objective the RL gain in held-out greedy success per RL seed (``valid_seen`` and ``valid_unseen``)."""
+    rows = []
+    if warm_rows:
+        for key in ("valid_seen/greedy", "valid_unseen/greedy"):
+            if all(key in w for w in warm_rows):
+                rows.append(result_row("warm start", f"held-out {key.replace('/', ' ')} success",
+                                       {w["seed"]: w[key] for w in warm_rows}))
+    for algo in dict.fromkeys(r["algorithm"] for r in rl_rows):
+        mine = [r for r in rl_rows if r["algorithm"] == algo]
+        steps = mine[0]["steps"]
+        rows.append(result_row(algo, f"valid_seen greedy success gain by RL step {steps}",
+                               {r["seed"]: r["held-out greedy, end"] - r["held-out greedy, start"] for r in mine}))
+        rows.append(result_row(algo, f"valid_unseen greedy success gain by RL step {steps}",
+                               {r["seed"]: r["unseen, end"] - r["unseen, start"] for r in mine}))
+        rows.append(result_row(algo, "wall seconds per run", {r["seed"]: r["seconds"] for r in mine}, unit="s"))
+    seeds = sorted({r["seed"] for r in rl_rows} or {w["seed"] for w in warm_rows})
+    merged = meta.get("merged")
+    command = None if not merged else (f"python benchmarks/alfworld.py --merge {','.join(merged)} --out {out}"
+                                       "  # pools the runs listed under their own commands")
+    write_summary(out, "ALFWorld: held-out success of the embedded agent, warm start and RL", rows, seeds=seeds,
+                  command=command, notes="Greedy play, one episode per held-out game, on generated games.")
+
+
 def report(out: Path, meta: dict, warm_rows: list, rl_rows: list, type_rows: list, curves: dict) -> None:
     """Print the tables, and write alfworld.json and alfworld.png of the curves to ``out``."""
     algos = list(dict.fromkeys(r["algorithm"] for r in rl_rows))
@@ -428,6 +454,7 @@ def report(out: Path, meta: dict, warm_rows: list, rl_rows: list, type_rows: lis
                                                    "significance": significance, "per_type": type_rows,
                                                    "curves": {f"{a}-seed{s}": c for (a, s), c in curves.items()}},
                                                   indent=2))
+    write_alfworld_summary(out, meta, warm_rows, rl_rows)
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for (name, seed), curve in curves.items():

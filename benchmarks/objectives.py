@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from summary import result_row, write_summary
 
 import mmrl.algos as algos
 
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results/objectives.json")
+    parser.add_argument("--out", default="benchmarks/results/objectives")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -66,10 +67,15 @@ def main() -> None:
     for r in rows:
         print(f"{r['algorithm']:10s} {r['median_ms']:10.2f} {r['p90_ms']:8.2f} {r['ratio_to_grpo']:7.2f}")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "torch": torch.__version__, "machine": platform.machine(),
-                               "rows": rows}, indent=2))
-    print(f"wrote {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "objectives.json").write_text(json.dumps({"config": vars(args), "torch": torch.__version__,
+                                                     "machine": platform.machine(), "times_s": times}, indent=2))
+    summary_rows = [result_row(r["algorithm"], f"time ÷ GRPO's, median of {args.repeats} interleaved repeats",
+                               {"median": r["ratio_to_grpo"]}, unit="×") for r in rows]
+    summary_rows += [result_row(r["algorithm"], f"ms per pass (N={args.n}, T={args.t}, {args.threads} threads)",
+                                {"median": r["median_ms"]}, unit="ms") for r in rows]
+    write_summary(out, "Cost of each objective alone (advantages, statistics, loss, backward)", summary_rows,
+                  seeds=[0])
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ defaults keep the commands of earlier sessions reproducible (no engine, no model
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,14 @@ def test_a_floor_without_cosine_fails_at_start(benchmark, tmp_path):
 def test_an_unknown_schedule_is_refused_by_the_parser(benchmark):
     with pytest.raises(SystemExit):
         benchmark.build_parser().parse_args(["--rl-schedule", "step"])
+
+
+def test_the_summary_holds_each_seeds_gain_for_the_results_page(benchmark, tmp_path):
+    warm = [{"seed": 0, "valid_seen/greedy": 0.3, "valid_unseen/greedy": 0.2}]
+    rl = [{"algorithm": "grpo", "seed": s, "steps": 30, "seconds": 100.0 + s, "held-out greedy, start": 0.3,
+           "held-out greedy, end": 0.4 + 0.1 * s, "unseen, start": 0.2, "unseen, end": 0.25} for s in (0, 1)]
+    benchmark.write_alfworld_summary(tmp_path / "alfworld-x", {}, warm, rl)
+    rows = {(r["label"], r["metric"]): r for r in json.loads((tmp_path / "alfworld-x.json").read_text())["rows"]}
+    gain = rows[("grpo", "valid_seen greedy success gain by RL step 30")]
+    assert gain["values"] == pytest.approx({"0": 0.1, "1": 0.2}) and gain["mean"] == pytest.approx(0.15)
+    assert rows[("warm start", "held-out valid_seen greedy success")]["values"] == {"0": 0.3}
