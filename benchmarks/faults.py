@@ -161,7 +161,7 @@ def corrupt_checkpoints(work: Path, trials: int) -> Counter:
     for t in range(trials):
         out = work / f"corrupt-{t}"
         finish(train("--out", str(out), "--steps", "2", "--run.checkpoint_every", "1"))
-        newest = out / "checkpoints" / "step_0000002" / "state.pt"
+        newest = out / "checkpoints" / "step_0000002" / "tensors.safetensors"
         data = bytearray(newest.read_bytes())
         kind = kinds[t % len(kinds)]
         if kind == "truncate":

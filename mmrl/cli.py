@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import mmrl.algos as algos
-from mmrl.errors import Interrupted, RunError
+from mmrl.errors import Interrupted, RunError, checkpoint_note
 from mmrl.tasks import TASKS
 
 
@@ -123,8 +123,8 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         print(f"error: no space left on the device of {exc.filename or 'an output file'}", file=sys.stderr)
         return 1
     except Interrupted as exc:  # a second SIGINT/SIGTERM: the last checkpoint on disk stays valid
-        print("stopped; the last checkpoint written is intact (continue with --resume)", file=sys.stderr)
+        print(f"stopped by signal {exc.signum}; {checkpoint_note(exc.checkpoint)}", file=sys.stderr)
         return 128 + exc.signum
-    except KeyboardInterrupt:  # Ctrl-C outside the training loop
-        print("stopped; the last checkpoint written is intact (continue with --resume)", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (loading, evaluating): nothing was being written
+        print("stopped (Ctrl-C)", file=sys.stderr)
         return 130

@@ -5,14 +5,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class RunError(RuntimeError):
     """The machine failed the run (a disk full during a checkpoint, ...): one line, exit code 1."""
 
 
 class Interrupted(KeyboardInterrupt):
-    """A second SIGINT/SIGTERM while the first one's checkpoint was pending: stop now, exit 128 + ``signum``."""
+    """A second SIGINT/SIGTERM while the first one's checkpoint was pending: stop now, exit 128 + ``signum``.
+    ``checkpoint``: the newest checkpoint on disk then (None: the run has none)."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, checkpoint: Path | None = None):
         super().__init__(f"signal {signum}")
-        self.signum = signum
+        self.signum, self.checkpoint = signum, checkpoint
+
+
+def checkpoint_note(checkpoint: Path | None) -> str:
+    """What a stopped run leaves to continue from, for its stop message."""
+    if checkpoint is None:
+        return "no checkpoint was written, so there is nothing to resume; start the run again"
+    return f"the last checkpoint is {checkpoint}, intact; continue with --resume"

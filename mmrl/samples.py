@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.batch import Group
+from mmrl.files import atomic_write_text
 
 SAMPLES_FILE = "samples.jsonl"
 
@@ -78,7 +79,7 @@ class RunSamples:
         self.path = Path(run_dir) / SAMPLES_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None or not self.path.exists():
-            self.path.write_text("")
+            atomic_write_text(self.path, "")
             return
         kept = []
         for line in self.path.read_text().splitlines():
@@ -89,7 +90,7 @@ class RunSamples:
             step = record.get("step")
             if isinstance(step, int) and step < resume_step:  # the step numbers of metrics.jsonl
                 kept.append(line)
-        self.path.write_text("".join(line + "\n" for line in kept))
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))  # a kill now keeps every old line
 
     def append(self, records: list[dict[str, Any]]) -> None:
         with self.path.open("a") as f:

@@ -47,7 +47,7 @@ def padded_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def step_items(out: Path, step: int) -> dict[str, list[dict]]:
     """What each policy rank received for ``step``: {file name: per-experience records} (rehearsal_policy.py)."""
-    return {p.name: torch.load(p) for p in sorted((out / "rehearsal").glob(f"rank*_step{step}.pt"))}
+    return {p.name: torch.load(p, weights_only=True) for p in sorted((out / "rehearsal").glob(f"rank*_step{step}.pt"))}
 
 
 def any_group_varies(out: Path, step: int) -> bool:

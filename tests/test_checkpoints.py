@@ -1,6 +1,7 @@
-"""Checkpoints (issue #15 cases 5, 7, 8, 16): an unreadable newest checkpoint falls back to the newest intact one,
-half-written folders are removed at start, a failed write (disk full) is one line and leaves nothing behind, and a
-second SIGTERM exits 143."""
+"""Checkpoints: an unreadable newest checkpoint falls back to the newest intact one,
+half-written folders are removed at start, a failed write (disk full) is one line and leaves nothing behind, a
+second SIGTERM exits 143 (after the checkpoint write it arrives in, never tearing it), and the stop message names
+the checkpoint to resume from."""
 
 from __future__ import annotations
 
@@ -26,21 +27,22 @@ from mmrl.trainer.run_dir import claim
 def two_checkpoints(run_dir):
     for step in (1, 2):
         save_checkpoint(run_dir, step, {"model": {"w": torch.full((64,), float(step))}}, keep=2)
-    return sorted((run_dir / "checkpoints").glob("step_*/state.pt"))
+    return sorted((run_dir / "checkpoints").glob("step_*"))
 
 
+@pytest.mark.parametrize("name", [checkpoint.TENSORS, checkpoint.STATE])
 @pytest.mark.parametrize("damage", ["truncate", "bitflip", "empty"])
-def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, damage):
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, damage, name):
     first, newest = two_checkpoints(tmp_path)
-    data = bytearray(newest.read_bytes())
+    data = bytearray((newest / name).read_bytes())
     if damage == "truncate":
         data = data[: len(data) // 2]
     elif damage == "bitflip":
         data[len(data) // 2] ^= 0x10
     else:
         data = bytearray()
-    newest.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="checkpoint .*step_0000002/state.pt (is damaged|cannot be read)"):
+    (newest / name).write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="checkpoint .*step_0000002 is damaged"):
         load_checkpoint(newest)
     with caplog.at_level(logging.WARNING, logger="mmrl"):
         path, state, skipped = load_latest(tmp_path)
@@ -50,7 +52,7 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path
 
 def test_no_intact_checkpoint_is_one_line(tmp_path):
     for path in two_checkpoints(tmp_path):
-        path.write_bytes(b"PK\x03\x04 not really")
+        (path / checkpoint.TENSORS).write_bytes(b"PK\x03\x04 not really")
     with pytest.raises(ValueError, match="none of its 2 checkpoints can be read"):
         load_latest(tmp_path)
 
@@ -61,12 +63,12 @@ def test_resume_falls_back_and_sets_the_damaged_checkpoint_aside(tmp_path, embed
     trainer = build_trainer(small_config(tmp_path, **{"run.checkpoint_every": 1}))
     trainer.run()
     run = trainer.run_dir
-    newest = run / "checkpoints" / "step_0000002" / "state.pt"
+    newest = run / "checkpoints" / "step_0000002" / checkpoint.TENSORS
     newest.write_bytes(newest.read_bytes()[:1000])
     from mmrl.eval import model_from_run
 
     _, evaluated, state = model_from_run(str(run))  # mmrl.eval on the run: the intact step 1
-    assert evaluated.parent.name == "step_0000001" and state["step"] == 1
+    assert evaluated.name == "step_0000001" and state["step"] == 1
     resumed = build_trainer(small_config(tmp_path, **{"run.checkpoint_every": 1, "run.resume": True}))
     assert resumed.step == 1
     assert (run / "checkpoints" / "unreadable-step_0000002").is_dir()
@@ -77,7 +79,7 @@ def test_resume_falls_back_and_sets_the_damaged_checkpoint_aside(tmp_path, embed
 def test_leftover_partial_writes_are_removed_at_start(tmp_path, caplog):
     partial = tmp_path / "run" / "checkpoints" / ".tmp-abc123"
     partial.mkdir(parents=True)
-    (partial / "state.pt").write_bytes(b"half")
+    (partial / checkpoint.TENSORS).write_bytes(b"half")
     with caplog.at_level(logging.WARNING, logger="mmrl"):
         claim(parse_config(["--out", str(tmp_path / "run"), "--run.overwrite", "true"])).lock.release()
     assert not partial.exists() and "a checkpoint write that never finished" in caplog.text
@@ -123,3 +125,51 @@ def test_a_second_sigterm_exits_143(tmp_path, embedded_model_dir):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, err.decode()[-2000:]
     assert b"Traceback" not in err
+    last = err.decode().strip().splitlines()[-1]  # whether there is a checkpoint to resume from, and which
+    assert "no checkpoint was written" in last or f"the last checkpoint is {out}/checkpoints/step_" in last, last
+
+
+def test_a_second_signal_during_the_checkpoint_write_waits_for_the_write(tmp_path, embedded_model_dir, monkeypatch,
+                                                                          small_config, caplog):
+    from mmrl.errors import Interrupted
+    from mmrl.trainer.local import build_trainer
+
+    trainer = build_trainer(small_config(tmp_path, **{"run.steps": 1}))
+    real_write = checkpoint.write_state
+
+    def signalled_write(folder, state):
+        os.kill(os.getpid(), signal.SIGTERM)  # the first: stop after this checkpoint
+        while trainer.stop_signal is None:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGTERM)  # the second, while the checkpoint is being written
+        time.sleep(0.05)
+        real_write(folder, state)
+
+    monkeypatch.setattr(checkpoint, "write_state", signalled_write)
+    with caplog.at_level(logging.WARNING, logger="mmrl"), pytest.raises(Interrupted) as stopped:
+        trainer.run()
+    written = trainer.run_dir / "checkpoints" / "step_0000001"
+    assert stopped.value.signum == signal.SIGTERM and stopped.value.checkpoint == written
+    assert load_checkpoint(written)["step"] == 1
+    assert not list((trainer.run_dir / "checkpoints").glob(".tmp-*"))
+    assert "is being written; stopping when it is complete" in caplog.text
+
+
+def test_the_stop_message_names_the_checkpoint(tmp_path, embedded_model_dir, monkeypatch, small_config, capsys):
+    from mmrl.trainer.local import Trainer, train
+
+    real_step = Trainer.train_step
+
+    def signalled_step(self):
+        if self.step == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+            while self.stop_signal is None:
+                time.sleep(0.001)
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", signalled_step)
+    _, trainer = train(small_config(tmp_path, **{"run.steps": 3}))
+    written = trainer.run_dir / "checkpoints" / "step_0000001"
+    assert trainer.step == 1 and load_checkpoint(written)["step"] == 1
+    err = capsys.readouterr().err
+    assert f"interrupted by signal {signal.SIGTERM} at step 1; the last checkpoint is {written}, intact" in err

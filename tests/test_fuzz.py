@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from mmrl.tasks import get_task
 from mmrl.train import parse_config
-from mmrl.trainer.checkpoint import DIGEST, STATE, load_checkpoint, load_latest, save_checkpoint
+from mmrl.trainer.checkpoint import DIGEST, STATE, TENSORS, load_checkpoint, load_latest, save_checkpoint
 from mmrl.trainer.config import TrainConfig, apply_overrides, load_yaml, validate
 from mmrl.trainer.run_dir import claim
 
@@ -213,11 +213,11 @@ def test_fuzz_yaml_configs(tmp_path, doc):
 
 
 @pytest.fixture(scope="module")
-def checkpoint_bytes(tmp_path_factory) -> tuple[bytes, str]:
+def checkpoint_files(tmp_path_factory) -> dict[str, bytes]:
     run = tmp_path_factory.mktemp("ckpt")
     save_checkpoint(run, 1, {"model": {"w": torch.arange(256.0)}, "optimizer": {}}, keep=1)
     folder = run / "checkpoints" / "step_0000001"
-    return (folder / STATE).read_bytes(), (folder / DIGEST).read_text()
+    return {name: (folder / name).read_bytes() for name in (STATE, TENSORS, DIGEST)}
 
 
 damage = st.one_of(
@@ -240,29 +240,23 @@ def damaged(data: bytes, how) -> bytes:
 
 
 @FUZZ
-@given(how=damage, with_digest=st.booleans())
-def test_fuzz_damaged_checkpoints_are_refused_or_fall_back(tmp_path, checkpoint_bytes, how, with_digest):
-    good, digest = checkpoint_bytes
-    for step in (1, 2):  # step 1 intact, step 2 damaged
+@given(how=damage, which=st.sampled_from([STATE, TENSORS, DIGEST]), with_digest=st.booleans())
+def test_fuzz_damaged_checkpoints_are_refused_or_fall_back(tmp_path, checkpoint_files, how, which, with_digest):
+    for step in (1, 2):  # step 1 intact, step 2 with one file damaged (or its SHA256SUMS missing)
         folder = tmp_path / "checkpoints" / f"step_{step:07d}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / STATE).write_bytes(good if step == 1 else damaged(good, how))
-        if with_digest or step == 1:
-            (folder / DIGEST).write_text(digest)
-    newest = tmp_path / "checkpoints" / "step_0000002" / STATE
-    try:
-        state = load_checkpoint(newest)
-    except ValueError as exc:
-        one_line(exc)
-        event(f"{how[0]}: refused, fell back")
-        path, state, skipped = load_latest(tmp_path)
-        assert path.parent.name == "step_0000001" and skipped == [newest]
-        assert torch.equal(state["model"]["w"], torch.arange(256.0))
-        return
-    # Read without complaint: only possible without the digest (an older checkpoint), never with it.
-    assert not with_digest, how
-    assert isinstance(state, dict)
-    event(f"{how[0]}: read (no digest)")
+        for name, good in checkpoint_files.items():
+            (folder / name).write_bytes(damaged(good, how) if step == 2 and name == which else good)
+        if step == 2 and not with_digest:
+            (folder / DIGEST).unlink()
+    newest = tmp_path / "checkpoints" / "step_0000002"
+    with pytest.raises(ValueError) as refused:  # every damage is found: SHA256SUMS covers both files, and is required
+        load_checkpoint(newest)
+    one_line(refused.value)
+    event(f"{which} {how[0]}: refused, fell back")
+    path, state, skipped = load_latest(tmp_path)
+    assert path.name == "step_0000001" and skipped == [newest]
+    assert torch.equal(state["model"]["w"], torch.arange(256.0))
 
 
 # --------------------------------------------------------------------------------------------- the command line
@@ -274,7 +268,7 @@ def test_the_command_line_maps_each_category_to_exit_2(tmp_path, existing_run):
     bad.write_bytes(b'{"problem": "1+1", "answer": "2"}\n{"problem": "x\xff"}\n')
     torn = tmp_path / "torn"  # a copy of the run whose only checkpoint is damaged: nothing to resume from
     shutil.copytree(existing_run, torn)
-    state = torn / "checkpoints" / "step_0000003" / STATE
+    state = torn / "checkpoints" / "step_0000003" / TENSORS
     state.write_bytes(state.read_bytes()[:100])
     cases = {
         "data": ["--task", "math", "--task.path", str(bad), "--out", str(existing_run), "--run.overwrite", "true"],

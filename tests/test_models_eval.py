@@ -114,7 +114,7 @@ def test_eval_cli_on_a_run_directory(tmp_path, embedded_model_dir):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    assert result["checkpoint"].endswith("state.pt") and result["problems"] == 5
+    assert result["checkpoint"].endswith("step_0000001") and result["problems"] == 5
     for key in ("pass@1", "pass@3", "avg@3"):
         assert 0.0 <= result[key] <= 1.0 and key in proc.stdout
     assert result["pass@3"] >= result["pass@1"]

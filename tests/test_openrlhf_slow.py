@@ -209,7 +209,7 @@ def test_two_deepspeed_ranks_give_the_whole_steps_gradient(name, tmp_path, embed
     loss, want = local_objective_gradient(model, rollout_with_old_logprobs(model, REWARDS_DP), algo)
     mp.spawn(run_rank, args=(2, free_port(), name, str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert set(got["grads"]) == set(want)
         for n in want:
             assert torch.allclose(got["grads"][n], want[n], rtol=1e-4, atol=1e-7), (rank, n)

@@ -6,6 +6,8 @@ cache (`mmrl.models.gguf_cache`, ~1 minute); later loads read that copy.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -81,3 +83,18 @@ def test_gguf_is_dequantised_once_into_the_cache_and_loads_identically(tmp_path)
         direct = AutoModelForCausalLM.from_pretrained(where, gguf_file=gguf, dtype=torch.float32)(torch.tensor([ids]))
         copied = AutoModelForCausalLM.from_pretrained(copy, dtype=torch.float32)(torch.tensor([ids]))
     assert torch.equal(direct.logits, copied.logits)
+
+
+def test_the_gguf_cache_key_is_the_files_content(tmp_path):
+    from mmrl.models.gguf_cache import cached_copy_dir
+
+    a, b = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
+    for path, byte in ((a, b"\x01"), (b, b"\x02")):  # same name, size and modification time; other weights
+        path.parent.mkdir()
+        path.write_bytes(b"GGUF" + byte * 1000)
+        os.utime(path, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    assert cached_copy_dir(a, tmp_path) != cached_copy_dir(b, tmp_path)
+    moved = tmp_path / "c" / "model.gguf"
+    moved.parent.mkdir()
+    moved.write_bytes(a.read_bytes())  # the same file copied elsewhere, with a new time: the same copy
+    assert cached_copy_dir(moved, tmp_path) == cached_copy_dir(a, tmp_path)

@@ -24,7 +24,7 @@ def make_run(run_dir, **sections) -> TrainConfig:
         section, _, field = key.partition("__")
         setattr(getattr(cfg, section), field, value)
     (run_dir / "checkpoints" / "step_0000002").mkdir(parents=True)
-    (run_dir / "checkpoints" / "step_0000002" / "state.pt").write_bytes(b"")
+    (run_dir / "checkpoints" / "step_0000002" / "state.json").write_bytes(b"")
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
     return cfg
 

@@ -3,13 +3,16 @@
 transformers de-quantises a GGUF file on every load: for SmolLM2-135M (Q4_1) that is ~30-45 s and a peak of the GGUF
 reader's buffers, the tokenizer rebuilt from GGUF metadata (~0.7 GB and ~6 s on its own) and the float32 weights at
 once. The first load writes the de-quantised float32 weights (safetensors) and the tokenizer with ``save_pretrained``
-into ``cache_root()/models/gguf-<file stem>-<size>-<mtime>-<GGUF_CACHE_VERSION>``; every later load is an ordinary
-checkpoint load (a few seconds, about the size of the weights). The key holds the file's size and modification time,
-so a replaced GGUF file gets a new copy; the version is bumped whenever the conversion changes.
+into ``cache_root()/models/gguf-<file stem>-<SHA-256 of the file, 16 hex digits>-<GGUF_CACHE_VERSION>``; every later
+load is an ordinary checkpoint load (a few seconds, about the size of the weights). The key is the file's content, not
+its size and modification time: a GGUF file replaced by another of the same size and time (``cp -p``, an archive)
+gets its own copy, and never the other's weights; hashing reads the file once per load (about a second per GB). The
+version is bumped whenever the conversion changes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -22,8 +25,9 @@ GGUF_CACHE_VERSION = "v1"  # bump when the conversion below changes: nobody's ca
 
 def cached_copy_dir(gguf_path: Path, cache_dir: Path | None = None) -> Path:
     """Where the de-quantised copy of ``gguf_path`` lives (whether or not it exists yet)."""
-    stat = gguf_path.stat()
-    name = f"gguf-{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-{GGUF_CACHE_VERSION}"
+    with open(gguf_path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    name = f"gguf-{gguf_path.stem}-{digest[:16]}-{GGUF_CACHE_VERSION}"
     return (cache_dir or cache_root()) / "models" / name
 
 

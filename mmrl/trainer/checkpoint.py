@@ -1,24 +1,41 @@
-"""Checkpoints that make a resumed run bit-identical to an uninterrupted one on CPU.
+"""Checkpoints that make a resumed run bit-identical to an uninterrupted one on CPU, in files that run no code.
 
 A checkpoint holds the model and optimizer/scheduler state *and* every source of randomness and data order: torch's
-RNG, Python's and NumPy's, the prompt sampler and GVPO's replay history. It is written to a temporary directory and
-renamed into place, so a kill during the write leaves the previous checkpoint intact; the half-written
-``.tmp-*`` folder such a kill leaves is removed when the next run claims the directory (`remove_partial_writes`).
-A failed write (a full disk included) removes its folder and raises `RunError` with one line saying why.
+RNG (CPU and CUDA), Python's and NumPy's, the prompt sampler and GVPO's replay history. Reading one never unpickles:
+a shared or downloaded run directory is data, as safe to load as a safetensors file. The folder
+``checkpoints/step_<step:07d>/`` holds three files:
 
-Each checkpoint carries the SHA-256 of its ``state.pt``: a truncated or bit-flipped file is found before it is used,
-and `load_latest` falls back to the newest intact checkpoint with a warning (resume and mmrl.eval alike).
+* ``tensors.safetensors``: every tensor of the state (weights or LoRA adapters, AdamW moments, RNG states), named by
+  its place in the state, e.g. ``model/lm_head.weight`` or ``optimizer/state/0/exp_avg``; a tensor stored twice
+  under two names (tied weights) is written once.
+* ``state.json``: ``{"format": "mmrl-checkpoint", "version": 1, "state": ...}``, the rest of the state as JSON (step,
+  optimizer hyper-parameters, scheduler, sampler order and RNG, replay history, Python's and NumPy's RNG). A tensor
+  appears as ``{"__tensor__": name}``, a tuple as ``{"__tuple__": [...]}`` and a mapping whose keys are not all
+  strings as ``{"__dict__": [[key, value], ...]}``, so that the state reads back exactly as it was written.
+* ``SHA256SUMS``: the SHA-256 of both files, in the format of ``sha256sum -c``. A truncated or bit-flipped file is
+  found before it is used, and `load_latest` falls back to the newest intact checkpoint with a warning (resume and
+  mmrl.eval alike). It guards against damage, not against whoever can write the folder.
+
+A checkpoint of an older mmrl (a pickled ``state.pt``) is never loaded: unpickling can run any code hidden in the file.
+It is refused with one line naming ``python -m mmrl.convert_checkpoint``, which rewrites it in this format through
+torch's restricted loader (tensors, containers and the few types such a checkpoint holds, nothing else).
+
+A checkpoint is written to a temporary directory and renamed into place, so a kill during the write leaves the
+previous checkpoint intact; the half-written ``.tmp-*`` folder such a kill leaves is removed when the next run claims
+the directory (`remove_partial_writes`). A failed write (a full disk included) removes its folder and raises `RunError`
+with one line saying why.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import io
+import json
 import logging
 import os
 import random
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,13 +46,27 @@ import torch
 from mmrl.errors import RunError
 
 log = logging.getLogger("mmrl")
-STATE = "state.pt"
-DIGEST = "state.sha256"
+FORMAT, VERSION = "mmrl-checkpoint", 1
+STATE = "state.json"
+TENSORS = "tensors.safetensors"
+DIGEST = "SHA256SUMS"
+LEGACY_STATE = "state.pt"  # an older mmrl's pickled checkpoint: recognised, never loaded
 PARTIAL_PREFIX = ".tmp-"
+# safetensors' dtype names (https://github.com/huggingface/safetensors, the format's header)
+SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                      torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                      torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+class LegacyCheckpoint(ValueError):
+    """A checkpoint in the pickled format of an older mmrl: not read (see the module's docstring)."""
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every RNG's state as tensors and JSON values (NumPy's key as a list of ints)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -43,29 +74,113 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class _RecordingWriter(io.RawIOBase):
-    """A file for torch.save that keeps the OSError of a failed write: torch replaces it with an unrelated
-    ``RuntimeError('... unexpected pos ...')``, and the reason (e.g. ENOSPC) would be lost."""
+# ------------------------------------------------------------------------------------------ state <-> files
 
-    def __init__(self, raw: io.FileIO):
-        super().__init__()
-        self.raw, self.error = raw, None
 
-    def writable(self) -> bool:
-        return True
+class _Tensors:
+    """The tensors of a state being encoded: a name for each, and one entry for views of the same memory."""
 
-    def write(self, data) -> int:
-        try:
-            return self.raw.write(data)
-        except OSError as exc:
-            self.error = exc
-            raise
+    def __init__(self) -> None:
+        self.by_name: dict[str, torch.Tensor] = {}
+        self.by_view: dict[tuple, str] = {}
+
+    def add(self, tensor: torch.Tensor, name: str) -> str:
+        tensor = tensor.detach()
+        if tensor.dtype not in SAFETENSORS_DTYPES:
+            raise TypeError(f"checkpoint: tensor {name} has dtype {tensor.dtype}, which is not stored")
+        view = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                tensor.stride(), tensor.dtype)
+        if tensor.numel() and view in self.by_view:
+            return self.by_view[view]
+        while name in self.by_name:  # two mapping keys with the same text (1 and "1")
+            name += "'"
+        self.by_name[name] = tensor
+        if tensor.numel():
+            self.by_view[view] = name
+        return name
+
+
+def _join(where: str, key: Any) -> str:
+    return f"{where}/{key}" if where else str(key)
+
+
+def _encode(value: Any, tensors: _Tensors, where: str) -> Any:
+    if isinstance(value, torch.Tensor):
+        return {"__tensor__": tensors.add(value, where)}
+    if isinstance(value, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in value):
+            return {k: _encode(v, tensors, _join(where, k)) for k, v in value.items()}
+        return {"__dict__": [[_encode(k, tensors, _join(where, "key")), _encode(v, tensors, _join(where, k))]
+                             for k, v in value.items()]}
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, tensors, _join(where, i)) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, tensors, _join(where, i)) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    raise TypeError(f"checkpoint: {where} is a {type(value).__name__}, which a checkpoint does not store")
+
+
+def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if set(value) == {"__tensor__"}:
+        return tensors[value["__tensor__"]]
+    if set(value) == {"__tuple__"}:
+        return tuple(_decode(v, tensors) for v in value["__tuple__"])
+    if set(value) == {"__dict__"}:
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in value["__dict__"]}
+    return {k: _decode(v, tensors) for k, v in value.items()}
+
+
+def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """The safetensors format, streamed tensor by tensor through our own file (no second copy of the state in
+    memory, and a full disk raises the OSError that says so)."""
+    header: dict[str, Any] = {"__metadata__": {"format": FORMAT}}
+    offset = 0
+    for name, tensor in tensors.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(text)))
+        out.write(text)
+        for tensor in tensors.values():
+            if tensor.numel():
+                out.write(tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def write_state(folder: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` (tensors, containers and JSON values) into ``folder`` as the three files of a checkpoint."""
+    tensors = _Tensors()
+    tree = _encode(state, tensors, "")
+    _write_safetensors(folder / TENSORS, tensors.by_name)
+    _write_text(folder / STATE, json.dumps({"format": FORMAT, "version": VERSION, "state": tree}))
+    _write_text(folder / DIGEST, "".join(f"{file_sha256(folder / name)}  {name}\n" for name in (STATE, TENSORS)))
 
 
 def file_sha256(path: Path) -> str:
@@ -76,13 +191,12 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _why(exc: BaseException, recorded: OSError | None, where: Path) -> str:
-    cause = recorded if recorded is not None else exc
-    if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+def _why(exc: BaseException, where: Path) -> str:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"no space left on {where} ({shutil.disk_usage(where).free / 2**20:.1f} MiB free)"
-    if isinstance(cause, OSError):
-        return f"{os.strerror(cause.errno) if cause.errno else cause} ({where})"
-    return f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+    if isinstance(exc, OSError):
+        return f"{os.strerror(exc.errno) if exc.errno else exc} ({where})"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
@@ -90,25 +204,19 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int) 
     ckpt_root = run_dir / "checkpoints"
     target = ckpt_root / f"step_{step:07d}"
     tmp = None
-    writer = None
     try:
         ckpt_root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=PARTIAL_PREFIX))
-        with open(tmp / STATE, "wb", buffering=0) as raw:
-            writer = _RecordingWriter(raw)
-            torch.save({**state, "step": step, "rng": rng_state()}, writer)
-            os.fsync(raw.fileno())
-        (tmp / DIGEST).write_text(file_sha256(tmp / STATE) + "\n")
+        write_state(tmp, {**state, "step": step, "rng": rng_state()})
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
-    except (OSError, RuntimeError) as exc:
-        reason = _why(exc, writer.error if writer is not None else None, ckpt_root)
+    except OSError as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(f"checkpoint: cannot write step {step} into {ckpt_root}: {reason}; the partial folder was "
-                       f"removed and the previous checkpoint is intact") from exc
-    except BaseException:  # a second Ctrl-C mid-write: leave nothing half-written behind
+        raise RunError(f"checkpoint: cannot write step {step} into {ckpt_root}: {_why(exc, ckpt_root)}; the partial "
+                       f"folder was removed and the previous checkpoint is intact") from exc
+    except BaseException:  # a bug (a type a checkpoint does not store) or an interrupt: nothing half-written stays
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -127,40 +235,84 @@ def remove_partial_writes(run_dir: Path) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint's ``state.pt``, intact or not (see `load_latest`)."""
+    """The newest checkpoint's folder, intact or not (see `load_latest`)."""
     found = checkpoints(run_dir)
     return found[-1] if found else None
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
-    """Every checkpoint's ``state.pt``, oldest first."""
-    return sorted((Path(run_dir) / "checkpoints").glob(f"step_*/{STATE}"))
+    """Every checkpoint's folder (``step_*`` with a state, an older mmrl's included), oldest first."""
+    return [folder for folder in sorted((Path(run_dir) / "checkpoints").glob("step_*"))
+            if (folder / STATE).exists() or (folder / LEGACY_STATE).exists()]
+
+
+def legacy_message(folder: Path) -> str:
+    run_dir = folder.parent.parent
+    return (f"checkpoint {folder} was written by an older mmrl as a pickled {LEGACY_STATE}, which mmrl no longer "
+            f"loads (unpickling a file can run code hidden in it); start a new run with another --out, or convert "
+            f"the run with: python -m mmrl.convert_checkpoint {run_dir}")
+
+
+def verify(folder: Path) -> None:
+    """ValueError (one line) unless ``SHA256SUMS`` lists both files of the checkpoint with their digests."""
+    digest_file = folder / DIGEST
+    if not digest_file.is_file():
+        raise ValueError(f"checkpoint {folder} is damaged (it has no {DIGEST})")
+    expected = {}
+    for line in digest_file.read_text(errors="replace").splitlines():
+        digest, _, name = line.partition("  ")
+        expected[name] = digest
+    for name in (STATE, TENSORS):
+        if name not in expected:
+            raise ValueError(f"checkpoint {folder} is damaged ({DIGEST} does not list {name})")
+        if not (folder / name).is_file():
+            raise ValueError(f"checkpoint {folder} is damaged ({name} is missing)")
+        if file_sha256(folder / name) != expected[name]:
+            raise ValueError(f"checkpoint {folder} is damaged (the SHA-256 of {name} does not match {DIGEST})")
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """The state of a checkpoint folder in this module's format, digests not checked (see `load_checkpoint`)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        doc = json.loads((folder / STATE).read_text())
+        tensors = load_file(folder / TENSORS, device="cpu")
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"{STATE} is not an mmrl checkpoint's")
+        if doc.get("version") != VERSION:
+            raise ValueError(f"format version {doc.get('version')!r}; this mmrl reads version {VERSION}")
+        return _decode(doc["state"], tensors)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, SafetensorError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(f"checkpoint {folder} cannot be read ({type(exc).__name__}: {first[:200]})") from exc
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """A checkpoint's state; ValueError (one line) when it is truncated, bit-flipped or otherwise unreadable."""
-    path = Path(path)
-    digest_file = path.parent / DIGEST
-    if digest_file.exists() and file_sha256(path) != digest_file.read_text().strip():
-        raise ValueError(f"checkpoint {path} is damaged (its SHA-256 does not match {DIGEST})")
-    try:
-        # weights_only=False: the state holds Python RNG tuples and sampler state written by us, not foreign data.
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 -- damaged bytes raise any of a dozen types; one clear line instead
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ValueError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {first[:200]})") from exc
+    """A checkpoint's state (``path``: its folder, or a file in it). `LegacyCheckpoint` for an older mmrl's pickled
+    one; ValueError (one line) when it is truncated, bit-flipped or otherwise unreadable."""
+    folder = Path(path)
+    if not folder.is_dir():
+        folder = folder.parent
+    if not (folder / STATE).exists() and (folder / LEGACY_STATE).exists():
+        raise LegacyCheckpoint(legacy_message(folder))
+    verify(folder)
+    state = read_state(folder)
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
-        raise ValueError(f"checkpoint {path} is not a checkpoint of mmrl.train (no model state)")
+        raise ValueError(f"checkpoint {folder} is not a checkpoint of mmrl.train (no model state)")
     return state
 
 
 def load_latest(run_dir: Path) -> tuple[Path, dict[str, Any], list[Path]]:
-    """(path, state, unreadable newer paths) of the newest checkpoint that can be read; each one skipped is logged.
-    ValueError when none can."""
+    """(folder, state, unreadable newer folders) of the newest checkpoint that can be read; each one skipped is
+    logged. ValueError when none can; `LegacyCheckpoint` at the first one of an older mmrl (never set aside)."""
     skipped = []
     for path in reversed(checkpoints(run_dir)):
         try:
             return path, load_checkpoint(path), skipped
+        except LegacyCheckpoint:
+            raise
         except ValueError as exc:
             log.warning("%s; falling back to the previous checkpoint", exc)
             skipped.append(path)
@@ -172,7 +324,7 @@ def load_latest(run_dir: Path) -> tuple[Path, dict[str, Any], list[Path]]:
 def set_aside(unreadable: Path) -> Path:
     """Rename an unreadable checkpoint folder out of the ``step_*`` sequence (kept for inspection, never pruned
     into or resumed from)."""
-    folder = unreadable.parent
+    folder = unreadable if unreadable.is_dir() else unreadable.parent
     target = folder.with_name(f"unreadable-{folder.name}")
     if target.exists():
         shutil.rmtree(target)

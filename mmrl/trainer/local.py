@@ -40,9 +40,10 @@ from tqdm import tqdm
 import mmrl.algos as algos
 from mmrl import moe
 from mmrl.batch import Group, Response, RolloutBatch, collate
-from mmrl.errors import Interrupted
+from mmrl.errors import Interrupted, checkpoint_note
 from mmrl.models import load_tokenizer
 from mmrl.models.lora import FrozenBase, add_lora, load_policy_weights, policy_weights
+from mmrl.rewards.base import RewardResult
 from mmrl.samples import RunSamples, group_records
 from mmrl.tasks import Task
 from mmrl.tasks.base import EnvTask
@@ -57,7 +58,7 @@ from mmrl.trainer.build import (
     pick_device,
     reference_needed,
 )
-from mmrl.trainer.checkpoint import load_latest, save_checkpoint, set_aside, set_rng_state
+from mmrl.trainer.checkpoint import latest_checkpoint, load_latest, save_checkpoint, set_aside, set_rng_state
 from mmrl.trainer.config import TrainConfig, validate
 from mmrl.trainer.episodes import Episode, TurnRenderer, episode_metrics, model_policy, run_episodes
 from mmrl.trainer.eval_sets import EvalSet, build_eval_sets
@@ -120,11 +121,17 @@ class ReplayHistory:
         if self.capacity:
             self.by_sample.setdefault(sample_index, deque(maxlen=self.capacity)).extend(responses)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {k: list(v) for k, v in self.by_sample.items()}
+    def state_dict(self) -> dict[int, list[dict[str, Any]]]:
+        """Each prompt's responses as plain fields (a checkpoint stores JSON values, not objects)."""
+        return {k: [dataclasses.asdict(r) for r in v] for k, v in self.by_sample.items()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.by_sample = {k: deque(v, maxlen=self.capacity) for k, v in state.items()}
+    def load_state_dict(self, state: dict[int, list[dict[str, Any]]]) -> None:
+        self.by_sample = {k: deque((_response(r) for r in v), maxlen=self.capacity) for k, v in state.items()}
+
+
+def _response(fields: dict[str, Any]) -> Response:
+    reward = fields.get("reward")
+    return Response(**{**fields, "reward": None if reward is None else RewardResult(**reward)})
 
 
 @dataclasses.dataclass
@@ -149,6 +156,8 @@ class Trainer:
     moe_experts: int = 0
     moe_top_k: int = 0
     stop_signal: int | None = None  # set by SIGINT/SIGTERM: finish the step, checkpoint, stop
+    writing_checkpoint: bool = False  # a second signal now waits for the write (then stops) instead of tearing it
+    stop_after_write: int | None = None  # the signal that arrived during the write
     prompt_cache: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     vision: Any = None  # mmrl.vision.processor.VisionProcessor when the task has images
     vision_prompts: Any = None  # mmrl.trainer.vision_prompts.PromptCache of the training split
@@ -452,7 +461,14 @@ class Trainer:
         state = {**policy_weights(self.model, lora_settings(self.cfg)), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                  "history": self.history.state_dict()}
-        return save_checkpoint(self.run_dir, self.step, state, self.cfg.run.keep_checkpoints)
+        self.writing_checkpoint = True
+        try:
+            path = save_checkpoint(self.run_dir, self.step, state, self.cfg.run.keep_checkpoints)
+        finally:
+            self.writing_checkpoint = False
+        if self.stop_after_write is not None:
+            raise Interrupted(self.stop_after_write, path)
+        return path
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         if bool(state.get("lora")) != (lora_settings(self.cfg) is not None):
@@ -547,8 +563,16 @@ class Trainer:
         return last
 
     def _request_stop(self, signum, frame) -> None:
+        if self.writing_checkpoint:  # never torn: the first signal stops the loop after it, a second one raises then
+            log.warning("signal %d: the checkpoint of step %d is being written; stopping when it is complete",
+                        signum, self.step)
+            if self.stop_signal is None:
+                self.stop_signal = signum
+            else:
+                self.stop_after_write = signum
+            return
         if self.stop_signal is not None:  # a second signal: stop now, the last checkpoint stays valid
-            raise Interrupted(signum)
+            raise Interrupted(signum, latest_checkpoint(self.run_dir))
         log.warning("signal %d: finishing step %d, then checkpointing and stopping", signum, self.step + 1)
         self.stop_signal = signum
 
@@ -595,6 +619,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
                     "full one; ratio-free objectives (gpg, gvpo) get a biased gradient")
     run_dir = cfg.out_dir
     owner = claim(cfg)  # locked for this run; refuses a foreign folder or a resume that changes what is trained
+    # Read before the model is built: a checkpoint that cannot be used (damaged, an older mmrl's) fails in seconds.
+    resumed = load_latest(run_dir) if cfg.run.resume else None
 
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
@@ -657,8 +683,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         shutil.rmtree(run_dir / "checkpoints")  # a fresh run must never resume or prune into the old one's
     run_dir.mkdir(parents=True, exist_ok=True)
     log.info("task %s: %s", task.name, task.description)
-    if cfg.run.resume:
-        existing, state, unreadable = load_latest(run_dir)
+    if resumed is not None:
+        existing, state, unreadable = resumed
         for path in unreadable:
             log.warning("set aside as %s", set_aside(path))
         trainer.restore(state, existing)
@@ -672,6 +698,6 @@ def train(cfg: TrainConfig) -> tuple[dict[str, Any], Trainer]:
     trainer = build_trainer(cfg)
     last = trainer.run()
     if trainer.stop_signal is not None and trainer.step < cfg.run.steps:
-        print(f"interrupted by signal {trainer.stop_signal} at step {trainer.step}; checkpoint in "
-              f"{trainer.run_dir / 'checkpoints'}; continue with --resume", file=sys.stderr)
+        print(f"interrupted by signal {trainer.stop_signal} at step {trainer.step}; "
+              f"{checkpoint_note(latest_checkpoint(trainer.run_dir))}", file=sys.stderr)
     return last, trainer

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mmrl.files import atomic_write_text
+
 
 class MetricsLog:
     def __init__(self, path: Path, resume_step: int | None = None):
@@ -15,9 +17,9 @@ class MetricsLog:
         if resume_step is not None and path.exists():
             # Steps logged after the checkpoint we resume from are re-run; drop them so nothing is duplicated.
             kept = [line for line, record in _parse(path) if record.get("step", -1) < resume_step]
-            path.write_text("".join(line + "\n" for line in kept))
+            atomic_write_text(path, "".join(line + "\n" for line in kept))  # a kill now keeps every old line
         elif resume_step is None:
-            path.write_text("")
+            atomic_write_text(path, "")
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}

@@ -22,6 +22,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from mmrl.files import atomic_write_text
 from mmrl.trainer.checkpoint import latest_checkpoint, remove_partial_writes
 from mmrl.trainer.config import TrainConfig, saved_overrides
 
@@ -203,9 +204,7 @@ class RunDir:
     def record_config(self, cfg: TrainConfig, step: int) -> None:
         """A fresh run writes ``config.json`` (atomically); a resume appends its safe changes to ``resumes.jsonl``."""
         if not cfg.run.resume:
-            tmp = self.path / f".{CONFIG_NAME}.tmp"
-            tmp.write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
-            os.replace(tmp, self.path / CONFIG_NAME)
+            atomic_write_text(self.path / CONFIG_NAME, json.dumps(cfg.to_dict(), indent=2, default=str))
             return
         if self.changes:
             entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,

@@ -1,0 +1,32 @@
+"""Whole-file rewrites that never leave a file half-written.
+
+A leaf: it imports nothing from mmrl. `atomic_write_text` writes into a temporary file in the same folder, flushes it
+to the disk and renames it over the target, so a kill, a crash or a full disk at any moment leaves either the old
+file or the new one, never a truncated mix. Appending one line per step does not need this; replacing a file does.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """Replace ``path`` with ``text`` atomically (temporary file in the same folder, fsync, ``os.replace``). The
+    file keeps its permissions; a new one gets the usual ones (0o666 less the umask)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with open(fd, "w", encoding=encoding) as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if target.exists():
+            os.chmod(tmp, target.stat().st_mode & 0o7777)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
