@@ -198,3 +198,27 @@ def test_an_unreachable_hub_dataset_fails_in_seconds(monkeypatch):
     with pytest.raises(ValueError, match="task.path: 'someorg/nothing' is not a local file, and the Hugging Face hub"):
         get_task("math", path="someorg/nothing")
     assert time.perf_counter() - start < 10
+
+
+def test_a_parquet_float_answer_is_its_decimal_without_an_exponent(tmp_path):
+    path = tmp_path / "floats.parquet"
+    pq.write_table(pa.table({"problem": ["a", "b", "c", "d"], "answer": [0.00001, 1e16, 0.25, 3.0]}), path)
+    task = get_task("math", path=str(path), eval_fraction=0)
+    assert [s["answer"] for s in task.train] == ["0.00001", "10000000000000000", "0.25", "3.0"]
+    assert [float(row["answer"]) for row in load_rows(str(path))] == [0.00001, 1e16, 0.25, 3.0]
+
+
+def test_gold_answers_in_e_notation_warn_once_naming_the_file_and_are_scored_as_numbers(tmp_path, caplog):
+    path = tmp_path / "sci.jsonl"
+    path.write_text('{"problem": "a", "answer": 2}\n\n{"problem": "b", "answer": 1e3}\n'
+                    '{"problem": "c", "answer": "1E-05"}\n{"problem": "d", "answer": "2e"}\n')
+    with caplog.at_level("WARNING", logger="mmrl"):
+        task = get_task("math", path=str(path), eval_fraction=0)
+    warnings = [r.getMessage() for r in caplog.records if "e-notation" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert f"{path} has 2 gold answer(s) in e-notation (first: '1e3' at line 3)" in warnings[0]
+    assert "scored as the number it writes (1000)" in warnings[0]
+    completions = ["<answer>1000</answer>", "<answer>3e</answer>", "<answer>0.00001</answer>",
+                   "<answer>2e</answer>"]
+    samples = [task.train[1], task.train[1], task.train[2], task.train[3]]
+    assert [r.score for r in task.reward(completions, samples)] == [1.0, 0.0, 1.0, 1.0]  # no <think>: format 0

@@ -281,3 +281,16 @@ def test_think_boxed_check_agrees_with_the_pattern_it_replaces():
     differ = [t for t in texts if think_then_boxed(t) != bool(pattern.match(t))]
     assert not differ, differ[:5]
     assert 3000 < sum(think_then_boxed(t) for t in texts) < 17_000  # both outcomes are well represented
+
+
+@pytest.mark.parametrize("predicted,gold,score", [
+    ("1000", "1e3", 1.0), ("3e", "1e3", 0.0), ("1000", "$1E3$", 1.0), ("1e3", "1000", 1.0),
+    ("0.00001", "1e-05", 1.0), ("1e-05", "0.00001", 1.0), ("150", "1.5E+2", 1.0), ("-2e3", "-2000", 1.0),
+    ("10^{400}", "1e400", 1.0), ("1e401", "1e400", 0.0),
+    # real expressions with Euler's number stay what they are
+    ("2e", "2e", 1.0), ("2e", "1e3", 0.0), ("e^{2}", "e^2", 1.0), ("3e-x", "3e-x", 1.0), ("3e - x", "3e-x", 1.0),
+    ("3e-2", "3e-x", 0.0),
+])
+def test_numbers_in_e_notation_are_scored_as_the_numbers_they_write(predicted, gold, score):
+    [result] = acc([f"<answer>{predicted}</answer>"], [{"answer": gold}])
+    assert result.score == score, (predicted, gold, result.reason)
