@@ -222,3 +222,35 @@ def test_gold_answers_in_e_notation_warn_once_naming_the_file_and_are_scored_as_
                    "<answer>2e</answer>"]
     samples = [task.train[1], task.train[1], task.train[2], task.train[3]]
     assert [r.score for r in task.reward(completions, samples)] == [1.0, 0.0, 1.0, 1.0]  # no <think>: format 0
+
+
+def test_a_prompt_over_the_token_limit_is_named_by_its_line_in_the_file(tmp_path, embedded_model_dir):
+    """The held-out split is drawn by a seeded shuffle, so "train row 12" no longer finds the row in the file."""
+    from mmrl.models import load_tokenizer
+    from mmrl.trainer.build import encode_all_prompts
+
+    rows = [json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(30)]
+    rows[20] = json.dumps({"problem": "What is 2+3? " * 200, "answer": "5"})
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join(rows[:5]) + "\n\n" + "\n".join(rows[5:]) + "\n")  # a blank line: row 20 is line 22
+    task = get_task("math", path=str(path), eval_fraction=0.1, seed=3)
+    with pytest.raises(ValueError, match=rf"more than 256 \((train|eval) row \d+: {path} line 22\); raise it"):
+        encode_all_prompts(task, load_tokenizer("embedded:tiny-qwen2"), 256)
+
+
+def test_an_image_prompt_over_the_token_limit_is_named_by_its_line_in_the_file(tmp_path):
+    from PIL import Image
+
+    from mmrl.trainer.vision_prompts import check_prompts
+
+    Image.new("RGB", (16, 16), "white").save(tmp_path / "a.png")
+    path = tmp_path / "shapes.jsonl"
+    path.write_text("".join(json.dumps({"image": "a.png", "label": f"thing {i}"}) + "\n" for i in range(10)))
+    task = get_task("classification", path=str(path), eval_fraction=0.2, seed=1)
+
+    class Lengths:  # prompt lengths by label, as a processor would count them: one row is too long
+        def prompt_length(self, row, where):
+            return 9000 if row["answer"] == "thing 6" else 100
+
+    with pytest.raises(ValueError, match=rf"classification (train|eval) row \d+: {path} line 7 has 9000 prompt"):
+        check_prompts(task, Lengths(), 512)

@@ -68,6 +68,7 @@ def classification_rows(rows: list[dict[str, Any]], base: Path | None, where: st
             sample["aliases"] = [str(a) for a in (aliases or [])] if not isinstance(aliases, str) else [aliases]
         if row.get("image_hw"):
             sample["image_hw"] = [list(row["image_hw"])]
+        sample["origin"] = f"{where} {row_place(rows, i)}"
         samples.append(sample)
     return samples
 

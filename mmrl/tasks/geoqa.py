@@ -84,6 +84,7 @@ def geometry_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, 
         problem = problem.replace("<image>", "").strip()
         sample = {"messages": messages, "answer": str(answer).strip(), "problem": problem}
         sample.update({k: row[k] for k in ("kind", "solution") if k in row})  # bundled set: problem kind, chain
+        sample["origin"] = at
         samples.append(sample)
     return samples
 

@@ -129,6 +129,7 @@ def grounding_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *,
             sample["boxes"], sample["answer"] = boxes, json.dumps(boxes)
         else:
             sample["answer"] = boxes[0]
+        sample["origin"] = at
         samples.append(sample)
     return samples
 

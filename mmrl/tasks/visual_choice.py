@@ -83,6 +83,7 @@ def choice_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, im
         for key in ("kind", "image_hw"):
             if row.get(key) is not None:
                 sample[key] = row[key] if key != "image_hw" else [list(row[key])]
+        sample["origin"] = at
         samples.append(sample)
     return samples
 
