@@ -318,6 +318,7 @@ def main() -> None:
             outcome, detail = CRASH, f"{type(exc).__name__}: {exc}"[:200]
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        detail = detail.replace(str(work), "<tmp>")
         results.append({"case": c.name, "what": c.what, "outcome": outcome, "detail": detail,
                         "seconds": round(time.perf_counter() - start, 1)})
         print(f"{c.name:24} {outcome:15} {detail}", flush=True)
