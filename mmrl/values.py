@@ -27,6 +27,59 @@ import yaml
 TextReader = Callable[[str, Any], Any]
 
 
+# A config holds hundreds of values. YAML aliases let a few hundred bytes stand for billions of them (the "billion
+# laughs"): the parser shares one object per anchor, so the blow-up comes later, when the config is checked, printed
+# or saved. Counting every alias as the values it stands for refuses such a document at once.
+MAX_YAML_VALUES = 100_000
+
+
+class YAMLBoundError(yaml.MarkedYAMLError):
+    """A document over :data:`MAX_YAML_VALUES` values once its aliases are expanded, or one that contains itself."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_size(node)
+        return node
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise YAMLBoundError(problem="an alias refers to a value that contains it", problem_mark=node.start_mark)
+        open_nodes.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        else:
+            total = 1
+        open_nodes.discard(key)
+        if total > MAX_YAML_VALUES:
+            raise YAMLBoundError(problem=f"aliases expand this value to more than {MAX_YAML_VALUES} values",
+                                 problem_mark=node.start_mark)
+        sizes[key] = total
+        return total
+
+    return size(root)
+
+
+def safe_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with its aliases bounded (:data:`MAX_YAML_VALUES`); nesting deeper than Python's recursion
+    limit is a ``yaml.YAMLError`` too, not a ``RecursionError``."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 -- a SafeLoader: plain values only
+    except RecursionError:
+        raise yaml.YAMLError("the document nests values too deeply") from None
+
+
 def yaml_scalar(text: str, default: Any = None) -> Any:
     """A CLI/YAML string as a Python value: ``5e-4`` is a float (YAML 1.1 alone would keep it a string); text YAML
     cannot read stays text."""
@@ -36,7 +89,7 @@ def yaml_scalar(text: str, default: Any = None) -> Any:
         except ValueError:
             pass
     try:
-        return yaml.safe_load(text) if text.strip() else text
+        return safe_yaml(text) if text.strip() else text
     except yaml.YAMLError:
         return text
 

@@ -113,6 +113,44 @@ def test_a_section_given_as_a_scalar_and_a_non_utf8_yaml_are_named(tmp_path):
         parse_config(["--config", str(latin)])
 
 
+BILLION_LAUGHS = "cluster:\n  extra:\n    a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"    {b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True))
+
+
+@pytest.mark.parametrize("text,message", [
+    (BILLION_LAUGHS, r"bomb.yaml is refused: line \d+ column \d+: aliases expand this value to more than 100000"),
+    ("run:\n  steps: &s [1, *s]\n", r"bomb.yaml is refused: line 2 column 10: an alias refers to a value that "
+                                     "contains it"),
+    ("run:\n\tsteps: 3\n", r"bomb.yaml is not valid YAML: line 2 column 1: a tab where YAML allows only spaces"),
+    ("run: {steps: 3,\n\tseed: 2}\n", r"bomb.yaml is not valid YAML: line 2 column 1: a tab"),
+    ("run:\n  steps: [1, 2\n", r"bomb.yaml is not valid YAML: line 3 column 1: expected ',' or ']'"),
+    ("run: " + "[" * 5000 + "]" * 5000 + "\n", "bomb.yaml is not valid YAML: the document nests values too deeply"),
+])
+def test_a_hostile_or_broken_yaml_config_is_one_line_at_once(tmp_path, text, message):
+    """An alias bomb (nine levels of nine: 387 million values from 400 bytes) is refused while it is read, before
+    anything walks it; a tab or a syntax error is named by line and column."""
+    import time
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=message) as caught:
+        parse_config(["--config", str(path)])
+    assert "\n" not in str(caught.value) and time.perf_counter() - start < 5
+
+
+def test_a_flag_value_with_an_alias_bomb_stays_text():
+    from mmrl.values import yaml_scalar
+
+    bomb = "[" + ", ".join(["&a [x, x, x, x, x, x, x, x, x, x]"] + ["*a"] * 9) + "]"
+    assert yaml_scalar(bomb) == [["x"] * 10] * 10  # small enough
+    nested = "&a [" + ", ".join("*a" for _ in range(3)) + "]"
+    assert yaml_scalar(nested) == nested  # refers to itself: kept as the text it is
+    levels = [f"&l{i} [{', '.join([f'*l{i - 1}' if i else 'x'] * 10)}]" for i in range(7)]
+    laughs = "[" + ", ".join(levels) + "]"
+    assert yaml_scalar(laughs) == laughs
+
+
 def test_task_options_keep_their_text_and_are_typed_by_the_task():
     """Text options are read as written ("007" and "yes" stay text); numbers and flags are converted by the option's
     type, and a value of the wrong kind is one line naming the option, not a traceback."""

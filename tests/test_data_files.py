@@ -198,3 +198,59 @@ def test_an_unreachable_hub_dataset_fails_in_seconds(monkeypatch):
     with pytest.raises(ValueError, match="task.path: 'someorg/nothing' is not a local file, and the Hugging Face hub"):
         get_task("math", path="someorg/nothing")
     assert time.perf_counter() - start < 10
+
+
+def test_a_parquet_float_answer_is_its_decimal_without_an_exponent(tmp_path):
+    path = tmp_path / "floats.parquet"
+    pq.write_table(pa.table({"problem": ["a", "b", "c", "d"], "answer": [0.00001, 1e16, 0.25, 3.0]}), path)
+    task = get_task("math", path=str(path), eval_fraction=0)
+    assert [s["answer"] for s in task.train] == ["0.00001", "10000000000000000", "0.25", "3.0"]
+    assert [float(row["answer"]) for row in load_rows(str(path))] == [0.00001, 1e16, 0.25, 3.0]
+
+
+def test_gold_answers_in_e_notation_warn_once_naming_the_file_and_are_scored_as_numbers(tmp_path, caplog):
+    path = tmp_path / "sci.jsonl"
+    path.write_text('{"problem": "a", "answer": 2}\n\n{"problem": "b", "answer": 1e3}\n'
+                    '{"problem": "c", "answer": "1E-05"}\n{"problem": "d", "answer": "2e"}\n')
+    with caplog.at_level("WARNING", logger="mmrl"):
+        task = get_task("math", path=str(path), eval_fraction=0)
+    warnings = [r.getMessage() for r in caplog.records if "e-notation" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert f"{path} has 2 gold answer(s) in e-notation (first: '1e3' at line 3)" in warnings[0]
+    assert "scored as the number it writes (1000)" in warnings[0]
+    completions = ["<answer>1000</answer>", "<answer>3e</answer>", "<answer>0.00001</answer>",
+                   "<answer>2e</answer>"]
+    samples = [task.train[1], task.train[1], task.train[2], task.train[3]]
+    assert [r.score for r in task.reward(completions, samples)] == [1.0, 0.0, 1.0, 1.0]  # no <think>: format 0
+
+
+def test_a_prompt_over_the_token_limit_is_named_by_its_line_in_the_file(tmp_path, embedded_model_dir):
+    """The held-out split is drawn by a seeded shuffle, so "train row 12" no longer finds the row in the file."""
+    from mmrl.models import load_tokenizer
+    from mmrl.trainer.build import encode_all_prompts
+
+    rows = [json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(30)]
+    rows[20] = json.dumps({"problem": "What is 2+3? " * 200, "answer": "5"})
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join(rows[:5]) + "\n\n" + "\n".join(rows[5:]) + "\n")  # a blank line: row 20 is line 22
+    task = get_task("math", path=str(path), eval_fraction=0.1, seed=3)
+    with pytest.raises(ValueError, match=rf"more than 256 \((train|eval) row \d+: {path} line 22\); raise it"):
+        encode_all_prompts(task, load_tokenizer("embedded:tiny-qwen2"), 256)
+
+
+def test_an_image_prompt_over_the_token_limit_is_named_by_its_line_in_the_file(tmp_path):
+    from PIL import Image
+
+    from mmrl.trainer.vision_prompts import check_prompts
+
+    Image.new("RGB", (16, 16), "white").save(tmp_path / "a.png")
+    path = tmp_path / "shapes.jsonl"
+    path.write_text("".join(json.dumps({"image": "a.png", "label": f"thing {i}"}) + "\n" for i in range(10)))
+    task = get_task("classification", path=str(path), eval_fraction=0.2, seed=1)
+
+    class Lengths:  # prompt lengths by label, as a processor would count them: one row is too long
+        def prompt_length(self, row, where):
+            return 9000 if row["answer"] == "thing 6" else 100
+
+    with pytest.raises(ValueError, match=rf"classification (train|eval) row \d+: {path} line 7 has 9000 prompt"):
+        check_prompts(task, Lengths(), 512)

@@ -251,3 +251,47 @@ def test_the_memo_is_consulted_so_the_comparison_can_fail(alfworld_games):
     assert plain.reset() == first[0]
     for engine in (plain, cached):
         engine.close()
+
+
+def crafted_copy(alfworld_games, tmp_path, edit) -> tuple:
+    """A copy of one generated trial under ``tmp_path`` (the official layout) whose grammar text is ``edit``-ed."""
+    import shutil
+
+    source = game_of(alfworld_games, "pick_and_place_simple").path.parent
+    trial = tmp_path / "json_2.1.1" / "train" / source.parent.name / source.name
+    shutil.copytree(source, trial)
+    game = json.loads((trial / "game.tw-pddl").read_text())
+    game["grammar"] = edit(game["grammar"])
+    (trial / "game.tw-pddl").write_text(json.dumps(game))
+    return trial / "game.tw-pddl"
+
+
+@pytest.mark.parametrize("edit", [
+    lambda g: g.replace("{r.name}", "{__import__('os').system('touch MARK') or r.name}", 1),
+    lambda g: g.replace("{r.name}", "\\u007b__import__('os').system('touch MARK')\\u007d", 1),  # a JSON escape
+    lambda g: g.replace('template :: "open {r}"', 'template :: "open {r.__class__}"', 1),
+    lambda g: g.replace("Your task is to: ", "Your task is to: {().__class__.__base__} ", 1),
+    lambda g: g.replace("{o.name}", "{o.name.upper()}", 1),
+], ids=["call", "escaped", "dunder-template", "task-sentence", "method"])
+def test_a_game_whose_grammar_holds_code_is_refused_before_it_runs(alfworld_games, tmp_path, monkeypatch, edit):
+    from mmrl.envs.alfworld.engine import Engine
+
+    monkeypatch.chdir(tmp_path)
+    path = crafted_copy(alfworld_games, tmp_path, edit)
+    assert json.loads(path.read_text())["grammar"] != json.loads(game_of(alfworld_games, "pick_and_place_simple")
+                                                                .path.read_text())["grammar"]
+    with pytest.raises(ValueError, match=rf"ALFWorld game {path}: refused, its grammar holds .*play only game files"):
+        list_games(tmp_path)
+    with pytest.raises(EnvError, match=rf"ALFWorld game {path}: refused"):
+        engine = Engine(path)
+        engine.reset()
+    assert not (tmp_path / "MARK").exists()
+
+
+def test_a_safe_grammar_that_is_not_alfworlds_own_is_checked_and_plays(alfworld_games, tmp_path):
+    crafted_copy(alfworld_games, tmp_path, lambda g: g.replace("{r.name}.", "{r.name + '.'}", 1))
+    [game] = list_games(tmp_path)
+    env = AlfWorldEnv(game.path)
+    observation, _ = run(env.reset())
+    assert "Your task is to" in observation
+    run(env.close())

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -237,3 +243,54 @@ def test_answer_format_refuses_nested_tags():
     assert (result.score, result.reason) == (0.0, "nested tags")
     [result] = get_reward("answer_format")(["<answer>7</answer>"], [{"answer": "7"}])
     assert result.score == 1.0
+
+
+def test_think_boxed_check_is_linear_on_adversarial_completions():
+    # the earlier pattern backtracked over every split of its three ``.*``: minutes on these 100 KB completions
+    script = ("import time; from mmrl.rewards.geometry import think_then_boxed\n"
+              "texts = ['<think>' + '</think>\\\\boxed{' * 7000, '<think>' + '</think>' * 12500,\n"
+              "         ' ' * 50_000 + '<think>' + '\\\\boxed{' * 7000,\n"
+              "         '<think>' + 'x</think>\\\\boxed{}' * 6000 + '{']\n"
+              "start = time.perf_counter(); results = [think_then_boxed(t) for t in texts]\n"
+              "print(results, time.perf_counter() - start)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    results, seconds = out.stdout.rsplit("]", 1)
+    assert results + "]" == "[False, False, False, True]" and float(seconds) < 1.0
+
+
+def test_think_boxed_check_agrees_with_the_pattern_it_replaces():
+    from mmrl.rewards.geometry import think_then_boxed
+
+    pattern = re.compile(r"^\s*<think>.*?</think>.*\\boxed\{.*\}.*$", re.DOTALL)
+    pieces = ["<think>", "</think>", "\\boxed{", "\\boxed", "}", "{", " ", "\n", "x", "<think", "\u2003"]
+    rng = random.Random(0)
+
+    def junk() -> str:
+        return "".join(rng.choice(pieces) for _ in range(rng.randrange(4)))
+
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randrange(12))) for _ in range(10_000)]
+    for _ in range(10_000):  # the four parts in order with junk between, one of them sometimes left out
+        parts = ["<think>", "</think>", "\\boxed{", "}"]
+        if rng.random() < 0.3:
+            parts.pop(rng.randrange(4))
+        texts.append(junk() + "".join(part + junk() for part in parts))
+    texts += ["<think>a</think> so \\boxed{3}", "\\boxed{3}", "<think>a</think> \\boxed{}",
+              " \n<think></think>\\boxed{}"]
+    differ = [t for t in texts if think_then_boxed(t) != bool(pattern.match(t))]
+    assert not differ, differ[:5]
+    assert 3000 < sum(think_then_boxed(t) for t in texts) < 17_000  # both outcomes are well represented
+
+
+@pytest.mark.parametrize("predicted,gold,score", [
+    ("1000", "1e3", 1.0), ("3e", "1e3", 0.0), ("1000", "$1E3$", 1.0), ("1e3", "1000", 1.0),
+    ("0.00001", "1e-05", 1.0), ("1e-05", "0.00001", 1.0), ("150", "1.5E+2", 1.0), ("-2e3", "-2000", 1.0),
+    ("10^{400}", "1e400", 1.0), ("1e401", "1e400", 0.0),
+    # real expressions with Euler's number stay what they are
+    ("2e", "2e", 1.0), ("2e", "1e3", 0.0), ("e^{2}", "e^2", 1.0), ("3e-x", "3e-x", 1.0), ("3e - x", "3e-x", 1.0),
+    ("3e-2", "3e-x", 0.0),
+])
+def test_numbers_in_e_notation_are_scored_as_the_numbers_they_write(predicted, gold, score):
+    [result] = acc([f"<answer>{predicted}</answer>"], [{"answer": gold}])
+    assert result.score == score, (predicted, gold, result.reason)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from collections import deque
 from pathlib import Path
 
@@ -420,3 +421,55 @@ def test_eval_path_gives_the_held_out_split_and_train_is_kept_whole(tmp_path, na
         assert task.eval[0]["answer"] == task.train[0]["answer"]
     split = get_task(name, path=train, eval_fraction=0.4)
     assert (len(split.train), len(split.eval)) == (3, 2)
+
+
+def outside_layout(tmp_path: Path) -> tuple[Path, Path]:
+    """A dataset folder ``data/`` with one image of its own, and an image of the user's outside it."""
+    data = tmp_path / "data"
+    (data / "img").mkdir(parents=True)
+    make_image(data / "img" / "a.png")
+    make_image(tmp_path / "private.png")
+    return data, tmp_path / "private.png"
+
+
+@pytest.mark.parametrize("name", ["../private.png", "img/../../private.png", "ABSOLUTE", "link.png", "../nothing.png",
+                                  "~/x.png"])
+@pytest.mark.parametrize("task", ["classification", "geoqa", "grounding", "visual_choice"])
+def test_image_paths_stay_in_the_dataset_folder(tmp_path, task, name):
+    data, private = outside_layout(tmp_path)
+    (data / "link.png").symlink_to(private)
+    image = str(private) if name == "ABSOLUTE" else name
+    row = {"grounding": {"problem": "the thing", "answer": [1, 2, 30, 40]}, "classification": {"label": "eagle"},
+           "visual_choice": {"question": "Which?", "options": ["box", "ball"], "answer": "A"},
+           "geoqa": {"problem": "Find x.", "solution": "<answer>30</answer>"}}[task]
+    path = write_jsonl(data / "t.jsonl", [{**row, "image": "img/a.png"}, {**row, "image": image}])
+    # a missing file outside is refused like an existing one: the message says nothing of what is there
+    with pytest.raises(ValueError, match=rf"t.jsonl line 2 column 'image'( image 0)?: image path "
+                                         rf"'{re.escape(image)}' leads outside the dataset's folder "
+                                         rf"'{re.escape(str(data))}'; pass --task.allow_outside_images true"):
+        get_task(task, path=path, eval_fraction=0)
+    if name not in ("../nothing.png", "~/x.png"):
+        loaded = get_task(task, path=path, eval_fraction=0, allow_outside_images=True)
+        [image_item] = [c for c in loaded.train[1]["messages"][-1]["content"] if c["type"] == "image"]
+        assert image_item["image"] == str(private)
+
+
+def test_an_image_folder_with_a_symlink_out_is_refused(tmp_path):
+    data, private = outside_layout(tmp_path)
+    (data / "eagle").mkdir()
+    make_image(data / "eagle" / "1.png")
+    (data / "eagle" / "2.png").symlink_to(private)
+    with pytest.raises(ValueError, match=r"file eagle/2.png column 'image': image path .* leads outside"):
+        get_task("classification", path=str(data), eval_fraction=0)
+
+
+def test_a_missing_image_and_one_that_is_no_file_get_the_same_message(tmp_path):
+    data, _ = outside_layout(tmp_path)
+    (data / "img" / "dir.png").mkdir()
+    messages = []
+    for name in ("img/missing.png", "img/dir.png"):
+        path = write_jsonl(data / "t.jsonl", [{"image": name, "label": "x"}])
+        with pytest.raises(ValueError) as caught:
+            get_task("classification", path=path, eval_fraction=0)
+        messages.append(str(caught.value).replace(name, "NAME"))
+    assert messages[0] == messages[1] and messages[0].endswith("does not exist or cannot be read")

@@ -16,7 +16,23 @@ from mmrl.rewards.text import MAX_ANSWER_CHARS, answers_match, extract_answer, e
 
 _UNITS = re.compile(r"(°|º|degrees?|度|\^\s*\{?\\circ\}?|\\circ|cm\^?2?|厘米|米|units?)", re.IGNORECASE)
 _LETTER = re.compile(r"^\(?([A-Ea-e])\)?[.:]?$")
-THINK_BOXED = re.compile(r"^\s*<think>.*?</think>.*\\boxed\{.*\}.*$", re.DOTALL)
+THINK_OPEN = re.compile(r"\s*<think>")
+
+
+def think_then_boxed(text: str) -> bool:
+    """``<think>`` (after leading space), then ``</think>``, then ``\\boxed{``, then a ``}``, in that order.
+
+    What the pattern ``^\\s*<think>.*?</think>.*\\\\boxed\\{.*\\}.*$`` (DOTALL) accepts, found with one forward
+    scan: that pattern backtracks over every split of its three ``.*``, in time cubic in the length. The
+    earliest ``</think>`` and the earliest ``\\boxed{`` after it leave the most room for what must follow them."""
+    opened = THINK_OPEN.match(text)
+    if not opened:
+        return False
+    closed = text.find("</think>", opened.end())
+    if closed < 0:
+        return False
+    boxed = text.find("\\boxed{", closed + len("</think>"))
+    return boxed >= 0 and text.find("}", boxed + len("\\boxed{")) >= 0
 
 
 def strip_units(text: str) -> str:
@@ -50,7 +66,7 @@ def geoqa_accuracy(completion: str, sample: Sample) -> tuple[float, str | None]:
 @reward("think_boxed_format", 0.0, 1.0)
 def think_boxed_format(completion: str, sample: Sample) -> tuple[float, str | None]:
     """1 if the completion thinks in ``<think>…</think>`` and then gives a non-empty ``\\boxed{…}``, else 0."""
-    if not THINK_BOXED.match(completion):
+    if not think_then_boxed(completion):
         return 0.0, "not <think>...</think> ... \\boxed{...}"
     boxed = extract_boxed(completion.split("</think>", 1)[1])
     if boxed is None or not boxed.strip():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from decimal import Decimal
 
 from mmrl.rewards.base import Sample, reward
 from mmrl.rewards.verifier_process import IsolatedVerifier
@@ -43,12 +44,35 @@ def extract_answer(text: str) -> str | None:
     return extract_boxed(text)
 
 
+# A plain decimal number with an exponent, alone (``1e3``, ``-1.5E-2``, ``$1e-05$``; a parquet or JSON float prints
+# so). math-verify reads the e as Euler's number (``1e3`` is 3·e, so ``1000`` scored 0 and ``3e`` scored 1), so both
+# sides are rewritten as the decimal they write before verifying. ``2e``, ``e^{2}``, ``3e-x`` are not such numbers.
+E_NUMBER = re.compile(r"\s*\$?\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d{1,6})\s*\$?\s*")
+MAX_PLAIN_DIGITS = 100  # beyond this many digits an e-number is written as m \times 10^{k} instead
+
+
+def plain_number(text: str) -> str:
+    """``"1e3"`` -> ``"1000"``, ``"1e-05"`` -> ``"0.00001"``, ``"$1.5E+2$"`` -> ``"150"``; ``"1e400"`` ->
+    ``"$1\\times10^{400}$"``; any other text unchanged."""
+    match = E_NUMBER.fullmatch(text)
+    if not match:
+        return text
+    value = Decimal(match.group(1))
+    if abs(value.adjusted()) > MAX_PLAIN_DIGITS:
+        mantissa, exponent = f"{value:e}".split("e")
+        return f"${mantissa}\\times10^{{{int(exponent)}}}$"
+    return f"{value.normalize():f}"
+
+
 def _normalise(s: str) -> str:
     return re.sub(r"\s+", "", s).rstrip(".").strip("$").lower()
 
 
 def answers_match(predicted: str, gold: str) -> tuple[bool, str | None]:
-    """math-verify equivalence with an exact-match fast path. Never raises; returns (match, reason if not)."""
+    """math-verify equivalence with an exact-match fast path, numbers in e-notation read as the decimals they write
+    (:func:`plain_number`). Never raises; returns (match, reason if not)."""
+    if len(predicted) <= MAX_ANSWER_CHARS:
+        predicted, gold = plain_number(predicted), plain_number(gold)
     if _normalise(predicted) == _normalise(gold):
         return True, None
     if len(predicted) > MAX_ANSWER_CHARS:

@@ -1,7 +1,8 @@
 """The task contract: prompts, a reward, and which reward components are "accuracy" and "format".
 
 A sample is a plain dict with at least ``messages`` (a chat, list of {"role", "content"}) and ``answer``; tasks may add
-more keys (the reward functions read them). Tasks know nothing about trainers or models.
+more keys (the reward functions read them). A sample read from a user's file carries ``origin``, where the file wrote it
+(``"data.jsonl line 7"``), which errors about the sample name. Tasks know nothing about trainers or models.
 
 Two kinds, told apart by the class attribute ``multi_turn`` (so the trainer needs no import of any env):
 * :class:`Task` (single turn): rows of prompts and a reward on the completion text.
@@ -44,6 +45,13 @@ def register_task(name: str, config_defaults: dict[str, Any] | None = None,
         return factory
 
     return wrap
+
+
+def sample_place(sample: dict[str, Any], split: str, index: int) -> str:
+    """``"train row 3: data.jsonl line 7"``: the sample's index in its split and, when it has one, its ``origin``
+    (a split is often shuffled, so the index alone does not find the row in the file)."""
+    origin = sample.get("origin")
+    return f"{split} row {index}: {origin}" if origin else f"{split} row {index}"
 
 
 def options_for_model(name: str, options: dict[str, Any], embedded: bool) -> dict[str, Any]:

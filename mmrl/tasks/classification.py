@@ -13,7 +13,6 @@ think/answer format; "accuracy" is the label match.
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from mmrl.rewards.base import get_reward, weighted
@@ -24,6 +23,7 @@ from mmrl.tasks.synthetic_vision import SHAPES, synthetic_set
 from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
     IMAGE_TASK_DEFAULTS,
+    ImageRoot,
     image_value,
     load_splits,
     load_table,
@@ -43,7 +43,7 @@ def class_prompt(classes: list[str] | None) -> str:
     return f"What is the category of the main object in the image? {THINK_ANSWER}"
 
 
-def classification_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, image_key: str,
+def classification_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str, *, image_key: str,
                         label_key: str, aliases_key: str, template: str, max_listed_classes: int,
                         system_prompt: str | None, classes: list[str] | None = None) -> list[dict[str, Any]]:
     require_column(rows, image_key, "image_key", where)
@@ -68,6 +68,7 @@ def classification_rows(rows: list[dict[str, Any]], base: Path | None, where: st
             sample["aliases"] = [str(a) for a in (aliases or [])] if not isinstance(aliases, str) else [aliases]
         if row.get("image_hw"):
             sample["image_hw"] = [list(row["image_hw"])]
+        sample["origin"] = f"{where} {row_place(rows, i)}"
         samples.append(sample)
     return samples
 
@@ -77,7 +78,7 @@ def classification_task(path: str = "", eval_path: str = "", image_key: str = "i
                         aliases_key: str = "", template: str = "", max_listed_classes: int = 20,
                         format_weight: float = 1.0, system_prompt: str = "", eval_fraction: float = 0.1,
                         max_samples: int = 0, n_samples: int = 512, image_size: int = 112, seed: int = 0,
-                        colour_cue: bool = True) -> Task:
+                        colour_cue: bool = True, allow_outside_images: bool = False) -> Task:
     options = dict(image_key=image_key, label_key=label_key, aliases_key=aliases_key, template=template,
                    max_listed_classes=max_listed_classes, system_prompt=system_prompt or None)
     if path:
@@ -88,13 +89,13 @@ def classification_task(path: str = "", eval_path: str = "", image_key: str = "i
 
         train, evals = load_splits(path, eval_path, partial(classification_rows, **options),
                                    max_samples=max_samples, eval_fraction=eval_fraction, seed=seed,
-                                   make_eval_samples=eval_samples)
+                                   allow_outside_images=allow_outside_images, make_eval_samples=eval_samples)
         source = path
     else:
         root = synthetic_set("classification", n_samples, image_size, seed, colour_cue)
-        rows, _ = load_table(str(root / "rows.jsonl"), "train")
+        rows, images = load_table(str(root / "rows.jsonl"), "train")
         options.update(image_key="image", label_key="label", aliases_key="")
-        train, evals = split_rows(classification_rows(rows, root, "synthetic classification set", **options,
+        train, evals = split_rows(classification_rows(rows, images, "synthetic classification set", **options,
                                                       classes=list(SHAPES)), eval_fraction, seed)
         source = f"the bundled synthetic set ({n_samples} images, {image_size} px, {len(SHAPES)} classes)"
     parts = [(get_reward("classification_match"), 1.0), (get_reward("think_answer_format"), format_weight)]

@@ -25,13 +25,14 @@ BOXED_TEMPLATE = "{problem} You FIRST think about the reasoning process as an in
 def geometry3k_task(path: str = "", eval_path: str = "", image_key: str = "images", problem_key: str = "problem",
                     answer_key: str = "answer", template: str = BOXED_TEMPLATE, format_weight: float = 0.1,
                     system_prompt: str = "", eval_fraction: float = 0.1, max_samples: int = 0, n_samples: int = 1200,
-                    seed: int = 0) -> Task:
+                    seed: int = 0, allow_outside_images: bool = False) -> Task:
     if n_samples < 10:
         raise ValueError(f"task.n_samples must be >= 10, got {n_samples}")
     options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, template=template,
                    system_prompt=system_prompt or None)
     train, evals, source = load_geometry(path, eval_path, eval_fraction=eval_fraction, max_samples=max_samples,
-                                         seed=seed, n_samples=n_samples, layout="geometry3k", options=options)
+                                         seed=seed, n_samples=n_samples, layout="geometry3k", options=options,
+                                         allow_outside_images=allow_outside_images)
     parts = [(get_reward("geoqa_accuracy"), 1.0), (get_reward("think_boxed_format"), format_weight)]
     return Task("geometry3k", train=train, eval=evals, reward=weighted(parts, "geometry3k"),
                 accuracy_key="geoqa_accuracy", format_key="think_boxed_format",

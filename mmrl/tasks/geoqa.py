@@ -12,7 +12,6 @@ Reward = ``geoqa_accuracy`` (math-verify with exact-match fallback, units droppe
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from mmrl.rewards.base import get_reward, weighted
@@ -21,6 +20,7 @@ from mmrl.tasks.geo_synthetic import geo_set
 from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
     IMAGE_TASK_DEFAULTS,
+    ImageRoot,
     image_value,
     load_splits,
     load_table,
@@ -33,7 +33,7 @@ R1V_TEMPLATE = "{problem} Output the thinking process in <think> </think> and fi
                "<answer> </answer> tags."
 
 
-def image_list(cell: Any, base: Path | None, where: str) -> list[str | bytes]:
+def image_list(cell: Any, base: ImageRoot, where: str) -> list[str | bytes]:
     """One or several images of a row (a list column such as Geometry3K's ``images``), each checked to open."""
     cell = cell.tolist() if hasattr(cell, "tolist") and not isinstance(cell, (bytes, str)) else cell
     cells = cell if isinstance(cell, list) else [cell]
@@ -62,7 +62,7 @@ def multi_image_messages(images: list[Any], text: str, system_prompt: str | None
     return messages + [{"role": "user", "content": content}]
 
 
-def geometry_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, image_key: str, problem_key: str,
+def geometry_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str, *, image_key: str, problem_key: str,
                   answer_key: str, template: str, system_prompt: str | None) -> list[dict[str, Any]]:
     """Table rows -> vision samples; a bad row fails here, at start, naming the row and column."""
     for key, option in ((image_key, "image_key"), (problem_key, "problem_key"), (answer_key, "answer_key")):
@@ -84,12 +84,13 @@ def geometry_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, 
         problem = problem.replace("<image>", "").strip()
         sample = {"messages": messages, "answer": str(answer).strip(), "problem": problem}
         sample.update({k: row[k] for k in ("kind", "solution") if k in row})  # bundled set: problem kind, chain
+        sample["origin"] = at
         samples.append(sample)
     return samples
 
 
 def load_geometry(path: str, eval_path: str, *, eval_fraction: float, max_samples: int, seed: int, n_samples: int,
-                  layout: str, options: dict[str, Any]) -> tuple[list, list, str]:
+                  layout: str, options: dict[str, Any], allow_outside_images: bool = False) -> tuple[list, list, str]:
     """(train, eval, description of the source) for a geometry task; the bundled set when ``path`` is empty."""
     if path:
         def samples(rows, base, source):
@@ -99,14 +100,14 @@ def load_geometry(path: str, eval_path: str, *, eval_fraction: float, max_sample
             return geometry_rows(rows, base, source, **options)
 
         train, evals = load_splits(path, eval_path, samples, max_samples=max_samples, eval_fraction=eval_fraction,
-                                   seed=seed)
+                                   seed=seed, allow_outside_images=allow_outside_images)
         return train, evals, path
     root = geo_set(n_samples, seed)
-    rows, _ = load_table(str(root / "rows.jsonl"), "train")
+    rows, images = load_table(str(root / "rows.jsonl"), "train")
     if layout == "geometry3k":  # the same diagrams in the Geometry3K layout: an images list and an <image> marker
         rows = [{**r, "image": [r["image"]], "problem": "<image>" + r["problem"]} for r in rows]
     options = {**options, "image_key": "image", "problem_key": "problem", "answer_key": "answer"}
-    train, evals = split_rows(geometry_rows(rows, root, "bundled geometry set", **options), eval_fraction, seed)
+    train, evals = split_rows(geometry_rows(rows, images, "bundled geometry set", **options), eval_fraction, seed)
     return train, evals, f"the bundled synthetic geometry set ({n_samples} diagrams: ruler segments, grid rectangles)"
 
 
@@ -118,13 +119,15 @@ GEOQA_DEFAULTS = {**IMAGE_TASK_DEFAULTS, "run.steps": 40, "run.eval_every": 20}
 @register_task("geoqa", config_defaults=GEOQA_DEFAULTS)
 def geoqa_task(path: str = "", eval_path: str = "", image_key: str = "image", problem_key: str = "problem",
                answer_key: str = "", template: str = R1V_TEMPLATE, format_weight: float = 1.0, system_prompt: str = "",
-               eval_fraction: float = 0.1, max_samples: int = 0, n_samples: int = 2200, seed: int = 0) -> Task:
+               eval_fraction: float = 0.1, max_samples: int = 0, n_samples: int = 2200, seed: int = 0,
+               allow_outside_images: bool = False) -> Task:
     if n_samples < 10:
         raise ValueError(f"task.n_samples must be >= 10, got {n_samples}")
     options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, template=template,
                    system_prompt=system_prompt or None)
     train, evals, source = load_geometry(path, eval_path, eval_fraction=eval_fraction, max_samples=max_samples,
-                                         seed=seed, n_samples=n_samples, layout="geoqa", options=options)
+                                         seed=seed, n_samples=n_samples, layout="geoqa", options=options,
+                                         allow_outside_images=allow_outside_images)
     parts = [(get_reward("geoqa_accuracy"), 1.0), (get_reward("think_answer_format"), format_weight)]
     return Task("geoqa", train=train, eval=evals, reward=weighted(parts, "geoqa"), accuracy_key="geoqa_accuracy",
                 format_key="think_answer_format",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from mmrl.cache import EMBEDDED_GROUNDING_NAME
@@ -27,6 +26,7 @@ from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.synthetic_vision import detection_prompt, grounding_prompt, synthetic_set
 from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
+    ImageRoot,
     check_image,
     image_value,
     load_splits,
@@ -104,7 +104,7 @@ def checked_boxes(boxes: list, hw: tuple[int, int], where: str, frame: str) -> l
     return out
 
 
-def grounding_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, image_key: str, problem_key: str,
+def grounding_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str, *, image_key: str, problem_key: str,
                    answer_key: str, template: str, detection: bool, box_format: str, box_frame: str,
                    system_prompt: str | None) -> list[dict[str, Any]]:
     for key, option in ((image_key, "image_key"), (problem_key, "problem_key"), (answer_key, "answer_key")):
@@ -129,6 +129,7 @@ def grounding_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *,
             sample["boxes"], sample["answer"] = boxes, json.dumps(boxes)
         else:
             sample["answer"] = boxes[0]
+        sample["origin"] = at
         samples.append(sample)
     return samples
 
@@ -148,7 +149,8 @@ def grounding_task(path: str = "", eval_path: str = "", variant: str = "referrin
                    format_weight: float = 1.0, image_key: str = "image", problem_key: str = "problem",
                    answer_key: str = "", template: str = "", box_format: str = "xyxy", box_frame: str = "original",
                    system_prompt: str = "", eval_fraction: float = 0.1, max_samples: int = 0, n_samples: int = 2000,
-                   image_size: int = 112, layout: str = "grid", seed: int = 0) -> Task:
+                   image_size: int = 112, layout: str = "grid", seed: int = 0,
+                   allow_outside_images: bool = False) -> Task:
     if variant not in ("referring", "detection"):
         raise ValueError(f"task.variant must be 'referring' or 'detection', got {variant!r}")
     detection = variant == "detection"
@@ -168,15 +170,16 @@ def grounding_task(path: str = "", eval_path: str = "", variant: str = "referrin
         default_template = TEMPLATE if not detection else detection_prompt("{problem}")
         options["template"] = template or default_template
         train, evals = load_splits(path, eval_path, partial(grounding_rows, **options), max_samples=max_samples,
-                                   eval_fraction=eval_fraction, seed=seed)
+                                   eval_fraction=eval_fraction, seed=seed,
+                                   allow_outside_images=allow_outside_images)
         source = path
     else:
         root = synthetic_set("detection" if detection else "grounding", n_samples, image_size, seed, layout=layout)
-        rows, _ = load_table(str(root / "rows.jsonl"), "train")
+        rows, images = load_table(str(root / "rows.jsonl"), "train")
         prompt = detection_prompt if detection else grounding_prompt
         options.update(problem_key="expression", answer_key="boxes" if detection else "answer", box_format="xyxy",
                        box_frame="original", template=template or prompt("{problem}"))
-        samples = grounding_rows(rows, root, f"synthetic {variant} set", **options)
+        samples = grounding_rows(rows, images, f"synthetic {variant} set", **options)
         train, evals = split_rows(samples, eval_fraction, seed)
         source = f"the bundled synthetic {variant} set ({n_samples} scenes, {image_size} px)"
     parts = [(get_reward(reward), 1.0), (get_reward("think_answer_format"), format_weight)]

@@ -18,11 +18,13 @@ prompt alone.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from typing import Any
 
 from mmrl.rewards.base import get_reward, weighted
+from mmrl.rewards.text import plain_number
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.prompts import chat
 from mmrl.tasks.tables import load_rows, row_place
@@ -35,6 +37,7 @@ R1_SYSTEM_PROMPT = (
 )
 FORMAT_REWARDS = {"think_answer": "think_answer_format", "think_close": "think_close_format"}
 # The one-shot example (not drawn from the data: a file's first row may be any length or subject).
+log = logging.getLogger("mmrl")
 MATH_EXAMPLE = ("A shop sells pens at 3 dollars each. How much do 4 pens cost?",
                 "<think>Each pen costs 3 dollars, so 4 pens cost 4 × 3 = 12 dollars.</think>\n<answer>12</answer>")
 
@@ -62,8 +65,20 @@ def to_samples(rows: list[dict[str, Any]], problem_key: str, answer_key: str, wh
             raise ValueError(f"task.path: {at} has an {answer_key!r} that is not text or a number: "
                              f"{answer!r}")
         samples.append({"messages": chat(template.replace("{problem}", problem), system_prompt or "", example),
-                        "answer": str(answer), "problem": problem, "prompt_text": problem})
+                        "answer": str(answer), "problem": problem, "prompt_text": problem, "origin": at})
+    warn_e_notation(samples, where)
     return samples
+
+
+def warn_e_notation(samples: list[dict[str, Any]], where: str) -> None:
+    """One warning per data file whose gold answers write numbers in e-notation: they are scored as the numbers
+    they write (mmrl.rewards.text.plain_number), which math-verify alone would not do (it reads 1e3 as 3·e)."""
+    written = [s for s in samples if plain_number(s["answer"]) != s["answer"]]
+    if written:
+        first = written[0]
+        log.warning("task.path: %s has %d gold answer(s) in e-notation (first: %r at %s); each is scored as the "
+                    "number it writes (%s), not as a product with Euler's number e", where, len(written),
+                    first["answer"], first["origin"].removeprefix(f"{where} "), plain_number(first["answer"]))
 
 
 @register_task("math", pretrained_options={"one_shot": True})

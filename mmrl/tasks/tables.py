@@ -7,7 +7,8 @@ cell is ``None``, so a task's check of its required columns sees it. In detail:
 * jsonl / json: strings stay strings; a JSON number keeps the text it was written with (:class:`WrittenNumber`, a
   float whose ``str`` is ``0.10``, not ``0.1``); ``null`` and an absent key are ``None``.
 * csv: every cell is the string in the file; an empty cell is ``None`` (csv cannot tell "" from missing).
-* parquet: the column types of the file (an int column with nulls stays ints and ``None``, not floats).
+* parquet: the column types of the file (an int column with nulls stays ints and ``None``, not floats); a float
+  cell's text is its shortest decimal without an exponent (``0.00001``, where Python would print ``1e-05``).
 
 A line that is not JSON or not UTF-8 stops the run with one line naming the file and the line number. Every reader
 returns :class:`Rows`, which keeps where each row was written, so a task's check of a row names the file's line (jsonl,
@@ -19,7 +20,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +167,18 @@ def read_parquet(path: Path) -> Rows:
     import pyarrow.parquet as pq
 
     try:
-        return _counted(pq.read_table(path).to_pylist())
+        rows = pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"task.path: {path} is not a readable parquet file ({str(exc).splitlines()[0]})") from None
+    return _counted([{key: _positional(value) for key, value in row.items()} for row in rows])
+
+
+def _positional(value: Any) -> Any:
+    """A parquet float as the shortest decimal that reads back as it, without an exponent: Python prints 0.00001 as
+    ``1e-05``, which a verifier of math answers reads as 1·e - 5. Anything else, and NaN or infinity, unchanged."""
+    if type(value) is not float or not math.isfinite(value) or "e" not in repr(value):
+        return value
+    return WrittenNumber(f"{Decimal(repr(value)):f}")
 
 
 READERS = {".jsonl": read_jsonl, ".json": read_json, ".csv": read_csv, ".parquet": read_parquet}

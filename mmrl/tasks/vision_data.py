@@ -9,6 +9,7 @@ before training with one line naming the row and column, never mid-run.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -36,9 +37,37 @@ def build_cached(name: str, build: Callable[[Path], None]) -> Path:
     return build_once(vision_cache_root() / name, build, "rows.jsonl")
 
 
-def image_value(cell: Any, base_dir: Path | None, where: str) -> str | bytes:
-    """A table cell as an image reference: a path (relative ones resolved against ``base_dir``), raw bytes, or an
-    HF ``{"bytes": ..., "path": ...}`` dict. Checked to open as an image; raises ValueError naming ``where``."""
+@dataclasses.dataclass(frozen=True)
+class ImageRoot:
+    """The folder a dataset's image paths must stay in: its table's own folder, or the image folder itself (None for
+    a hub dataset, which has no folder). A path that leaves it (``../x.png``, ``/home/me/x.png``, a symlink out) is
+    refused unless ``allow_outside`` (the task option ``allow_outside_images``): a dataset is someone else's text,
+    and each image it names is opened, decoded and shown to the model, so it could read any image on the machine."""
+
+    folder: Path | None
+    allow_outside: bool = False
+
+    def locate(self, name: str, where: str) -> Path:
+        """The resolved path of the image ``name``; raises ValueError naming ``where`` if it leaves the folder."""
+        path = Path(os.path.expanduser(name))
+        if not path.is_absolute() and self.folder is not None:
+            path = self.folder / path
+        resolved = path.resolve()
+        if self.allow_outside:
+            return resolved
+        if self.folder is None:
+            raise ValueError(f"{where}: image path {name!r} in a dataset without a folder of its own (a hub "
+                             "dataset); pass --task.allow_outside_images true to read image files it names")
+        if not resolved.is_relative_to(self.folder.resolve()):
+            raise ValueError(f"{where}: image path {name!r} leads outside the dataset's folder {str(self.folder)!r}; "
+                             "pass --task.allow_outside_images true to allow it")
+        return resolved
+
+
+def image_value(cell: Any, root: ImageRoot, where: str) -> str | bytes:
+    """A table cell as an image reference: a path (relative ones resolved against ``root.folder``, and kept in it),
+    raw bytes, or an HF ``{"bytes": ..., "path": ...}`` dict. Checked to open as an image; raises ValueError naming
+    ``where``."""
     from PIL import Image
 
     if isinstance(cell, Image.Image):
@@ -55,12 +84,11 @@ def image_value(cell: Any, base_dir: Path | None, where: str) -> str | bytes:
     if isinstance(cell, (bytes, bytearray, memoryview)):
         value: str | bytes = bytes(cell)
     elif isinstance(cell, (str, os.PathLike)) and str(cell).strip():
-        path = Path(os.path.expanduser(str(cell)))
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        if not path.is_file():
-            raise ValueError(f"{where}: image file {str(path)!r} does not exist")
-        value = str(path.resolve())
+        path = root.locate(str(cell), where)
+        # one message for a missing file and one this user may not read (or that is not a file)
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ValueError(f"{where}: image file {str(path)!r} does not exist or cannot be read")
+        value = str(path)
     else:
         raise ValueError(f"{where}: no image (got {type(cell).__name__})")
     check_image(value, where)
@@ -79,19 +107,20 @@ def check_image(value: str | bytes, where: str) -> tuple[int, int]:
         raise ValueError(f"{where}: image cannot be read ({type(exc).__name__}: {exc})") from exc
 
 
-def load_table(source: str, split: str, max_samples: int = 0) -> tuple[list[dict[str, Any]], Path | None]:
+def load_table(source: str, split: str, max_samples: int = 0,
+               allow_outside_images: bool = False) -> tuple[list[dict[str, Any]], ImageRoot]:
     """Rows of a local table (jsonl/json/parquet/csv), an image folder (``<label>/<image>``) or a hub dataset
-    ``split``, and the directory that relative image paths are resolved against."""
+    ``split``, and the folder that its image paths are resolved against and kept in."""
     path = Path(os.path.expanduser(source))
     if path.is_dir():
-        rows, base = image_folder_rows(path), path.resolve()
+        rows, folder = image_folder_rows(path), path.resolve()
     else:
-        rows, base = load_rows(source, split), (path.parent.resolve() if path.exists() else None)
+        rows, folder = load_rows(source, split), (path.parent.resolve() if path.exists() else None)
     if max_samples:
         rows = rows[:max_samples]
     if not rows:
         raise ValueError(f"task.path: {source!r} has no rows")
-    return rows, base
+    return rows, ImageRoot(folder, allow_outside_images)
 
 
 def to_plain(value: Any) -> Any:
@@ -154,21 +183,22 @@ def split_rows(rows: list[dict[str, Any]], eval_fraction: float, seed: int) -> t
     return rows[n_eval:], rows[:n_eval]
 
 
-def load_splits(path: str, eval_path: str, make_samples: Callable[[list, Path | None, str], list], *,
-                max_samples: int, eval_fraction: float, seed: int,
-                make_eval_samples: Callable[[list, Path | None, str, list], list] | None = None) -> tuple[list, list]:
+def load_splits(path: str, eval_path: str, make_samples: Callable[[list, ImageRoot, str], list], *,
+                max_samples: int, eval_fraction: float, seed: int, allow_outside_images: bool = False,
+                make_eval_samples: Callable[[list, ImageRoot, str, list], list] | None = None) -> tuple[list, list]:
     """(train, eval) samples of a user's dataset: ``path``'s train split (``max_samples`` rows at most), and
     ``eval_path``'s test split when given, else a seeded ``eval_fraction`` of train.
 
-    ``make_samples(rows, base_dir, source)`` turns a table into samples; ``make_eval_samples(rows, base_dir, source,
-    train)``, when given, builds the eval samples instead (for tasks whose eval rows depend on train, e.g. the list of
-    classes). Train is built first, so ``make_samples`` may settle options from the training rows.
+    ``make_samples(rows, image_root, source)`` turns a table into samples; ``make_eval_samples(rows, image_root,
+    source, train)``, when given, builds the eval samples instead (for tasks whose eval rows depend on train, e.g. the
+    list of classes). Train is built first, so ``make_samples`` may settle options from the training rows.
+    ``allow_outside_images`` lets image paths leave the dataset's folder (:class:`ImageRoot`).
     """
-    rows, base = load_table(path, "train", max_samples)
+    rows, base = load_table(path, "train", max_samples, allow_outside_images)
     train = make_samples(rows, base, path)
     if not eval_path:
         return split_rows(train, eval_fraction, seed)
-    eval_rows, eval_base = load_table(eval_path, "test")
+    eval_rows, eval_base = load_table(eval_path, "test", allow_outside_images=allow_outside_images)
     if make_eval_samples is not None:
         return train, make_eval_samples(eval_rows, eval_base, eval_path, train)
     return train, make_samples(eval_rows, eval_base, eval_path)

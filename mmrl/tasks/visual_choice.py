@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from mmrl.rewards.base import get_reward, weighted
@@ -31,6 +30,7 @@ from mmrl.tasks.synthetic_vision import choice_prompt, synthetic_set
 from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
     IMAGE_TASK_DEFAULTS,
+    ImageRoot,
     image_value,
     load_splits,
     load_table,
@@ -44,7 +44,7 @@ LISTED = re.compile(r"\(A\)")
 THINK_ANSWER = "Think in <think> </think>, then answer in <answer> </answer> with the option's letter."
 
 
-def choice_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, image_key: str, question_key: str,
+def choice_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str, *, image_key: str, question_key: str,
                 options_key: str, answer_key: str, system_prompt: str | None) -> list[dict[str, Any]]:
     for key, option in ((image_key, "image_key"), (question_key, "question_key"), (answer_key, "answer_key")):
         require_column(rows, key, option, where)
@@ -83,6 +83,7 @@ def choice_rows(rows: list[dict[str, Any]], base: Path | None, where: str, *, im
         for key in ("kind", "image_hw"):
             if row.get(key) is not None:
                 sample[key] = row[key] if key != "image_hw" else [list(row[key])]
+        sample["origin"] = at
         samples.append(sample)
     return samples
 
@@ -92,20 +93,22 @@ def visual_choice_task(path: str = "", eval_path: str = "", image_key: str = "im
                        options_key: str = "options", answer_key: str = "answer", format_weight: float = 1.0,
                        system_prompt: str = "", eval_fraction: float = 0.1, max_samples: int = 0,
                        n_samples: int = 512, image_size: int = 112, seed: int = 0,
-                       kinds: str = "position", shuffle_options: bool = False) -> Task:
+                       kinds: str = "position", shuffle_options: bool = False,
+                       allow_outside_images: bool = False) -> Task:
     options = dict(image_key=image_key, question_key=question_key, options_key=options_key, answer_key=answer_key,
                    system_prompt=system_prompt or None)
     if path:
         train, evals = load_splits(path, eval_path, partial(choice_rows, **options), max_samples=max_samples,
-                                   eval_fraction=eval_fraction, seed=seed)
+                                   eval_fraction=eval_fraction, seed=seed,
+                                   allow_outside_images=allow_outside_images)
         source = path
     else:
         root = synthetic_set("visual_choice", n_samples, image_size, seed,
                              choice_kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
                              shuffle_options=shuffle_options)
-        rows, _ = load_table(str(root / "rows.jsonl"), "train")
+        rows, images = load_table(str(root / "rows.jsonl"), "train")
         options.update(image_key="image", question_key="question", options_key="options", answer_key="answer")
-        train, evals = split_rows(choice_rows(rows, root, "synthetic visual_choice set", **options), eval_fraction,
+        train, evals = split_rows(choice_rows(rows, images, "synthetic visual_choice set", **options), eval_fraction,
                                   seed)
         source = f"the bundled synthetic set ({n_samples} scenes, {image_size} px)"
     parts = [(get_reward("choice_match"), 1.0), (get_reward("think_answer_format"), format_weight)]

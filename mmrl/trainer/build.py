@@ -21,7 +21,7 @@ from mmrl.models.loading import load_vision_processor
 from mmrl.models.lora import LoraSettings, parse_targets
 from mmrl.rewards import RewardModelScorer, weighted
 from mmrl.tasks import Task, get_task
-from mmrl.tasks.base import EnvTask, options_for_model
+from mmrl.tasks.base import EnvTask, options_for_model, sample_place
 from mmrl.trainer.config import TrainConfig
 from mmrl.trainer.episodes import TurnRenderer
 from mmrl.trainer.rollout import encode_prompt
@@ -119,7 +119,7 @@ def encode_all_prompts(task: Task, tokenizer, limit: int, max_checked: int = 50_
             try:
                 ids = encode_prompt(tokenizer, row["messages"], limit)
             except ValueError as exc:
-                raise ValueError(f"{exc} ({split} row {i}); raise it or filter the data") from exc
+                raise ValueError(f"{exc} ({sample_place(row, split, i)}); raise it or filter the data") from exc
             if split == "train":
                 cache[i] = ids
     bar.close()

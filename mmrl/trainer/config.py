@@ -20,7 +20,7 @@ import mmrl.algos as algos
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.trainer.schedule import SCHEDULES
 from mmrl.trainer.text_sampler import SAMPLERS
-from mmrl.values import as_default_type, yaml_scalar
+from mmrl.values import YAMLBoundError, as_default_type, safe_yaml, yaml_scalar
 
 
 @dataclasses.dataclass
@@ -277,16 +277,30 @@ def saved_overrides(saved: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line with the line and column where the parser stopped (its own text spans several
+    lines, and its first line says only what it was doing: "while scanning for the next token")."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None or not exc.problem:
+        return str(exc).splitlines()[0]
+    mark, problem = exc.problem_mark, exc.problem
+    where = f"line {mark.line + 1} column {mark.column + 1}: "
+    if "'\\t'" in problem or "tab character" in problem:
+        return where + "a tab where YAML allows only spaces (indent with spaces)"
+    return where + problem
+
+
 def load_yaml(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"config: no such file {path!r}")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        data = safe_yaml(p.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as exc:
         raise ValueError(f"config: {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+    except YAMLBoundError as exc:
+        raise ValueError(f"config: {path} is refused: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"config: {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+        raise ValueError(f"config: {path} is not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"config: {path} must hold a mapping of sections, got {type(data).__name__}")
     return data

@@ -14,6 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from mmrl.batch import Group, Response
+from mmrl.tasks.base import sample_place
 from mmrl.vision.images import has_images
 from mmrl.vision.processor import VisionProcessor, VisionPrompt
 
@@ -27,7 +28,7 @@ def check_prompts(task: Any, processor: VisionProcessor, max_prompt_tokens: int,
     """Fail at start, naming the row, on an unreadable image or a prompt longer than ``max_prompt_tokens``."""
     for split, rows in (("train", task.train), ("eval", task.eval)):
         for i, row in enumerate(rows[:max_checked]):
-            where = f"{task.name} {split} row {i}"
+            where = f"{task.name} {sample_place(row, split, i)}"
             length = processor.prompt_length(row, where)
             if length > max_prompt_tokens:
                 raise ValueError(f"rollout.max_prompt_tokens: {where} has {length} prompt tokens (images included), "

@@ -36,6 +36,7 @@ import sys
 import threading
 from pathlib import Path
 
+from mmrl.envs.alfworld.grammar import UnsafeGrammar, check_logic
 from mmrl.envs.base import EnvError
 
 
@@ -121,9 +122,16 @@ class Engine:
                 env = pddl_env(infos, self._library)
                 for wrapper in wrappers:  # what textworld.start does for a .tw-pddl game
                     env = wrapper(env)
-                env.load(self.game_path)
-            self._env = env
+                env.load(self.game_path)  # parses the grammar; nothing of it is evaluated before a reset
+                self._env = env
+                check_logic(self._pddl_env()._logic, self.game_path)  # what reset and step would evaluate
+        except UnsafeGrammar as err:
+            self._env = None
+            LIBRARIES.release(self._library)
+            self._library = None
+            raise EnvError(str(err)) from None
         except (Exception, SystemExit) as err:  # bad PDDL (Fast Downward may sys.exit), unreachable goal, ...
+            self._env = None
             LIBRARIES.release(self._library)
             self._library = None
             raise EnvError(f"cannot load ALFWorld game {self.game_path}: {type(err).__name__}: {err}") from err

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from mmrl.cache import build_once, cache_root
+from mmrl.envs.alfworld.grammar import check_grammar_text
 from mmrl.envs.alfworld.tasks import TASK_TYPES, official_task_type
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -66,9 +67,12 @@ def _read_game(trial_dir: Path, split: str) -> GameInfo | None:
         game = json.loads(game_path.read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"unreadable ALFWorld game in {trial_dir}: {err}") from err
+    if not isinstance(traj, dict) or not isinstance(game, dict) or not isinstance(game.get("grammar", ""), str):
+        raise ValueError(f"unreadable ALFWorld game in {trial_dir}: not the layout of traj_data.json / game.tw-pddl")
     task_type = traj.get("task_type")
     if task_type not in TASK_TYPES or not game.get("solvable"):
         return None
+    check_grammar_text(game.get("grammar", ""), game_path)  # the grammar is run by TextWorld: no code in it
     anns = traj.get("turk_annotations", {}).get("anns") or [{}]
     walkthrough = game.get("walkthrough") or []
     return GameInfo(path=game_path, task_type=task_type, split=split, trial=trial_dir.name,

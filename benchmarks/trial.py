@@ -1,0 +1,341 @@
+"""The trial: hostile and broken inputs replayed as a user (or an attacker) would give them, one outcome each.
+
+Each case is a small function that sets up its input under a fresh folder, runs the real command or the real loader,
+and says what happened: ``clear error`` (one line, no traceback, nothing touched), ``right result``, ``crash`` (a
+traceback or a signal), ``silently wrong``, ``data lost`` or ``ran code`` (a file's content was executed). To add a
+case, write a function ``(work: Path) -> (outcome, detail)`` and decorate it with ``@case("name", "what it tries")``.
+
+    python benchmarks/trial.py [--only name,name] [--skip-runs]
+
+``--skip-runs`` leaves out the cases that train the embedded tiny model (SIGTERM and resume, two runs into one
+folder, a damaged checkpoint; ``benchmarks/faults.py`` repeats those with more trials). Prints the table and writes
+``benchmarks/results/trial.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# the repository, not this folder, first on the path: benchmarks/alfworld.py would shadow the alfworld package
+sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+CLEAR, RIGHT, CRASH, WRONG, LOST, RAN_CODE = ("clear error", "right result", "crash", "silently wrong", "data lost",
+                                             "ran code")
+SMALL = ["--rollout.prompts_per_step", "4", "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "12",
+         "--run.progress", "false", "--run.plot", "false", "--model.threads", "1", "--run.eval_every", "0"]
+
+
+@dataclass
+class Case:
+    name: str
+    what: str
+    run: Callable[[Path], tuple[str, str]]
+    trains: bool  # starts training runs of the embedded model (slow; left out by --skip-runs)
+
+
+CASES: list[Case] = []
+
+
+def case(name: str, what: str, trains: bool = False):
+    def register(fn: Callable[[Path], tuple[str, str]]) -> Callable[[Path], tuple[str, str]]:
+        CASES.append(Case(name, what, fn, trains))
+        return fn
+
+    return register
+
+
+# ----------------------------------------------------------------------------------------------------- helpers
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def command(*argv: str, timeout: float = 600) -> tuple[int, str, str]:
+    out = subprocess.run([sys.executable, *argv], env=env(), capture_output=True, text=True, timeout=timeout)
+    return out.returncode, out.stdout, out.stderr
+
+
+def refused(code: int, err: str, *, expect: str = "") -> tuple[str, str]:
+    """The outcome of a command that must stop with one ``error:`` line (exit 2) mentioning ``expect``."""
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    if "Traceback" in err or code < 0:
+        return CRASH, (err.strip().splitlines() or [f"signal {-code}"])[-1][:160]
+    if code == 0:
+        return WRONG, "accepted"
+    if code == 2 and len(errors) == 1 and expect in errors[0]:
+        return CLEAR, errors[0][:200]
+    return WRONG, f"exit {code}: {(errors or err.strip().splitlines() or [''])[-1][:160]}"
+
+
+def raises_one_line(fn: Callable[[], object], expect: str) -> tuple[str, str]:
+    """The outcome of a loader call that must raise one ValueError line mentioning ``expect``."""
+    try:
+        fn()
+    except ValueError as exc:
+        text = str(exc)
+        if "\n" not in text and expect in text:
+            return CLEAR, text[:200]
+        return WRONG, f"unclear: {text[:160]}"
+    except Exception as exc:  # noqa: BLE001 -- any other exception is the crash this trial counts
+        return CRASH, f"{type(exc).__name__}: {exc}"[:160]
+    return WRONG, "accepted"
+
+
+def train(*argv: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mmrl.train", *SMALL, *argv], env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def steps_logged(out: Path) -> list[int]:
+    path = out / "metrics.jsonl"
+    return [json.loads(x)["step"] for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def png(path: Path) -> Path:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (16, 16), "white").save(path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------- configs and answers
+
+
+BILLION_LAUGHS = "cluster:\n  extra:\n    a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"    {b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True))
+
+
+@case("yaml_alias_bomb", "--config with nine levels of nine aliases (387 million values from 400 bytes)")
+def yaml_alias_bomb(work: Path) -> tuple[str, str]:
+    (work / "bomb.yaml").write_text(BILLION_LAUGHS)
+    code, _, err = command("-m", "mmrl.train", "--config", str(work / "bomb.yaml"), "--out", str(work / "out"),
+                           timeout=120)
+    outcome = refused(code, err, expect="aliases expand")
+    return (LOST, "the run folder was created") if (work / "out").exists() and outcome[0] == CLEAR else outcome
+
+
+@case("yaml_tab", "--config indented with a tab")
+def yaml_tab(work: Path) -> tuple[str, str]:
+    (work / "tab.yaml").write_text("run:\n\tsteps: 3\n")
+    code, _, err = command("-m", "mmrl.train", "--config", str(work / "tab.yaml"), "--out", str(work / "out"))
+    return refused(code, err, expect="line 2 column 1")
+
+
+@case("think_boxed_100kb", "a 100 KB completion built to make the think/boxed format check backtrack")
+def think_boxed_100kb(work: Path) -> tuple[str, str]:
+    script = ("import time; from mmrl.rewards import get_reward; import mmrl.rewards.geometry\n"
+              "text = '<think>' + '</think>\\\\boxed{' * 7000\n"
+              "start = time.perf_counter(); [r] = get_reward('think_boxed_format')([text], [{}])\n"
+              "print(r.score, round(time.perf_counter() - start, 3))")
+    try:
+        code, out, err = command("-c", script, timeout=60)
+    except subprocess.TimeoutExpired:
+        return WRONG, "still checking after 60 s"
+    if code != 0:
+        return CRASH, err.strip().splitlines()[-1][:160]
+    score, seconds = out.split()
+    return (RIGHT if score == "0.0" and float(seconds) < 1 else WRONG), f"score {score} in {seconds} s"
+
+
+@case("gold_1e3", "gold answer 1e3 (math-verify alone reads 3·e): answers 1000 and 3e")
+def gold_e_notation(work: Path) -> tuple[str, str]:
+    from mmrl.rewards import get_reward
+
+    scores = [r.score for r in get_reward("math_accuracy")(["<answer>1000</answer>", "<answer>3e</answer>"],
+                                                            [{"answer": "1e3"}] * 2)]
+    return (RIGHT if scores == [1.0, 0.0] else WRONG), f"1000 scores {scores[0]}, 3e scores {scores[1]}"
+
+
+@case("gold_parquet_float", "a parquet float 0.00001 as the gold answer, answered 0.00001")
+def gold_parquet_float(work: Path) -> tuple[str, str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mmrl.tasks import get_task
+
+    pq.write_table(pa.table({"problem": ["p"], "answer": [0.00001]}), work / "d.parquet")
+    task = get_task("math", path=str(work / "d.parquet"), eval_fraction=0)
+    [result] = task.reward(["<answer>0.00001</answer>"], task.train)
+    accuracy = result.components["math_accuracy"]
+    return (RIGHT if accuracy == 1.0 else WRONG), f"gold {task.train[0]['answer']!r}, accuracy {accuracy}"
+
+
+# ------------------------------------------------------------------------------------------------ datasets
+
+
+def image_rows(work: Path, image: str) -> str:
+    png(work / "data" / "a.png")
+    path = work / "data" / "t.jsonl"
+    path.write_text(json.dumps({"image": "a.png", "label": "x"}) + "\n" + json.dumps({"image": image, "label": "y"})
+                    + "\n")
+    return str(path)
+
+
+@case("image_dotdot", "a dataset row naming ../private.png (an image beside the dataset folder)")
+def image_dotdot(work: Path) -> tuple[str, str]:
+    from mmrl.tasks import get_task
+
+    png(work / "private.png")
+    path = image_rows(work, "../private.png")
+    return raises_one_line(lambda: get_task("classification", path=path, eval_fraction=0), "leads outside")
+
+
+@case("image_absolute", "a dataset row naming an absolute path outside its folder")
+def image_absolute(work: Path) -> tuple[str, str]:
+    from mmrl.tasks import get_task
+
+    path = image_rows(work, str(png(work / "private.png")))
+    return raises_one_line(lambda: get_task("classification", path=path, eval_fraction=0), "leads outside")
+
+
+@case("image_symlink_out", "an image folder whose file is a symlink out of it")
+def image_symlink_out(work: Path) -> tuple[str, str]:
+    from mmrl.tasks import get_task
+
+    png(work / "data" / "eagle" / "1.png")
+    (work / "data" / "eagle" / "2.png").symlink_to(png(work / "private.png"))
+    return raises_one_line(lambda: get_task("classification", path=str(work / "data"), eval_fraction=0),
+                           "leads outside")
+
+
+@case("image_missing", "a dataset row naming an image that is not there")
+def image_missing(work: Path) -> tuple[str, str]:
+    from mmrl.tasks import get_task
+
+    path = image_rows(work, "gone.png")
+    return raises_one_line(lambda: get_task("classification", path=path, eval_fraction=0), "does not exist or cannot")
+
+
+@case("alfworld_grammar_code", "an ALFWorld game whose grammar holds {__import__('os').system(...)}")
+def alfworld_grammar_code(work: Path) -> tuple[str, str]:
+    from mmrl.envs.alfworld import ensure_games, list_games
+
+    source = next(g for g in list_games(ensure_games(n_per_type=1, n_eval_per_type=1)))
+    trial = work / "games" / "json_2.1.1" / "train" / source.path.parent.parent.name / source.path.parent.name
+    shutil.copytree(source.path.parent, trial)
+    game = json.loads((trial / "game.tw-pddl").read_text())
+    mark = work / "MARK"
+    game["grammar"] = game["grammar"].replace("{r.name}", f"{{__import__('os').system('touch {mark}') or r.name}}")
+    (trial / "game.tw-pddl").write_text(json.dumps(game))
+    script = ("import asyncio, sys; from mmrl.envs.alfworld import AlfWorldEnv\n"
+              "env = AlfWorldEnv(sys.argv[1]); asyncio.run(env.reset()); asyncio.run(env.close())")
+    listed = raises_one_line(lambda: list_games(work / "games"), "refused")
+    command("-c", script, str(trial / "game.tw-pddl"), timeout=120)  # the env alone, as a user's script would
+    return (RAN_CODE, f"{mark.name} was created") if mark.exists() else listed
+
+
+@case("prompt_too_long", "a 2,000-character problem on line 6 of a math file, --rollout.max_prompt_tokens 400")
+def prompt_too_long(work: Path) -> tuple[str, str]:
+    rows = [json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(20)]
+    rows[5] = json.dumps({"problem": "What is 2+3? " * 160, "answer": "5"})
+    (work / "m.jsonl").write_text("\n".join(rows) + "\n")
+    code, _, err = command("-m", "mmrl.train", "--task", "math", "--task.path", str(work / "m.jsonl"),
+                           "--rollout.max_prompt_tokens", "400", "--out", str(work / "out"), *SMALL)
+    return refused(code, err, expect="m.jsonl line 6")
+
+
+# --------------------------------------------------------------------------- the earlier reliability cases
+
+
+@case("sigterm_then_resume", "SIGTERM after the first step of a 4-step run, then --resume", trains=True)
+def sigterm_then_resume(work: Path) -> tuple[str, str]:
+    out = work / "run"
+    proc = train("--out", str(out), "--steps", "4")
+    deadline = time.time() + 600
+    while proc.poll() is None and not steps_logged(out) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=600)
+    if "Traceback" in err:
+        return CRASH, err.strip().splitlines()[-1][:160]
+    resumed = train("--out", str(out), "--resume")
+    _, err = resumed.communicate(timeout=900)
+    logged = steps_logged(out)
+    if resumed.returncode != 0:
+        return CRASH, f"resume exit {resumed.returncode}: {err.strip().splitlines()[-1][:120]}"
+    return (RIGHT, "every step logged once") if logged == [0, 1, 2, 3] else (LOST, f"steps logged {logged}")
+
+
+@case("two_runs_one_folder", "two 2-step runs started together into one --out", trains=True)
+def two_runs_one_folder(work: Path) -> tuple[str, str]:
+    out = work / "run"
+    runs = [train("--out", str(out), "--steps", "2", "--run.seed", str(seed)) for seed in (1, 2)]
+    results = sorted(((p.wait(timeout=900), p.communicate()[1]) for p in runs), key=lambda r: r[0])
+    if [r[0] for r in results] != [0, 2]:
+        return CRASH if any("Traceback" in r[1] for r in results) else WRONG, f"exit codes {[r[0] for r in results]}"
+    if steps_logged(out) != [0, 1]:
+        return LOST, f"metrics steps {steps_logged(out)}"
+    return CLEAR, refused(2, results[1][1], expect="in use")[1]
+
+
+@case("damaged_checkpoint", "the newest checkpoint's largest file truncated, then mmrl.eval on the run", trains=True)
+def damaged_checkpoint(work: Path) -> tuple[str, str]:
+    out = work / "run"
+    train("--out", str(out), "--steps", "2", "--run.checkpoint_every", "1").communicate(timeout=900)
+    newest = sorted((out / "checkpoints").glob("step_*"))[-1]
+    largest = max(newest.iterdir(), key=lambda p: p.stat().st_size)
+    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 3])
+    code, stdout, err = command("-m", "mmrl.eval", "--model", str(out), "--k", "1", "--max-problems", "4")
+    if code != 0:
+        return refused(code, err)
+    fell_back = "step_0000001" in stdout + err
+    return (RIGHT, "evaluated the intact step 1") if fell_back else (WRONG, "no fallback named")
+
+
+# ------------------------------------------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated case names")
+    parser.add_argument("--skip-runs", action="store_true", help="leave out the cases that train the tiny model")
+    parser.add_argument("--out", default="benchmarks/results/trial.json")
+    args = parser.parse_args()
+    chosen = [c for c in CASES if (not args.only or c.name in args.only.split(","))
+              and not (args.skip_runs and c.trains)]
+    results, started = [], time.perf_counter()
+    for c in chosen:
+        work = Path(tempfile.mkdtemp(prefix=f"mmrl-trial-{c.name}-"))
+        start = time.perf_counter()
+        try:
+            outcome, detail = c.run(work)
+        except Exception as exc:  # noqa: BLE001 -- a case that raises is a crash of what it tried
+            outcome, detail = CRASH, f"{type(exc).__name__}: {exc}"[:200]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        detail = detail.replace(str(work), "<tmp>")
+        results.append({"case": c.name, "what": c.what, "outcome": outcome, "detail": detail,
+                        "seconds": round(time.perf_counter() - start, 1)})
+        print(f"{c.name:24} {outcome:15} {detail}", flush=True)
+    counts = Counter(r["outcome"] for r in results)
+    total = round(time.perf_counter() - started, 1)
+    print("\n| case | what | outcome |\n|---|---|---|")
+    for r in results:
+        print(f"| {r['case']} | {r['what']} | {r['outcome']}: {r['detail'].replace('|', '/')} |")
+    print(f"\n{len(results)} cases in {total} s: " + ", ".join(f"{n} {k}" for k, n in counts.most_common())
+          + f" (load average {os.getloadavg()[0]:.1f})")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"seconds": total, "outcomes": dict(counts), "cases": results}, indent=1))
+    print(f"wrote {out}")
+    bad = counts[CRASH] + counts[WRONG] + counts[LOST] + counts[RAN_CODE]
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
