@@ -325,3 +325,33 @@ def test_a_runs_own_files_are_known_as_its_own(tmp_path):
     assert run_owning(run / "config.json") == run and run_owning(run / "checkpoints" / "step_0000002") == run
     assert run_owning(run / "wandb_run_id") == run  # a name a run writes, recorded or not
     assert run_owning(run / "eval.json") is None and run_owning(tmp_path / "config.json") is None
+
+
+def test_a_crafted_record_cannot_remove_anything_outside_the_folder(tmp_path):
+    """A shared or downloaded run folder decides what --run.overwrite removes through its record: never a path
+    outside it, not by '..', an absolute path or a folder replaced by a symlink."""
+    victim = tmp_path / "victim"
+    (victim / "step_0000001").mkdir(parents=True)
+    (victim / "keep.txt").write_text("mine")
+    run = tmp_path / "run"
+    written_run(run)
+    for entry in ("../victim", str(victim / "keep.txt")):
+        (run / RECORD_NAME).write_text(json.dumps({"files": ["config.json", entry]}))
+        with pytest.raises(ValueError, match="which is not a path inside the folder"):
+            claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    (run / "extra").symlink_to(victim)  # extra/keep.txt now leads into the victim folder
+    record = {"files": ["config.json", "metrics.jsonl", "samples.jsonl", "extra/keep.txt", "checkpoints/step_0000001",
+                        "checkpoints/step_0000002"]}
+    (run / RECORD_NAME).write_text(json.dumps(record))
+    owner = claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    owner.clear_previous()
+    owner.lock.release()
+    assert (victim / "keep.txt").read_text() == "mine" and not (run / "config.json").exists()
+    written_run(run)
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").symlink_to(victim)  # checkpoints/step_0000001 would be the victim's
+    record = json.loads((run / RECORD_NAME).read_text())
+    (run / RECORD_NAME).write_text(json.dumps({"files": record["files"] + ["checkpoints/step_0000001"]}))
+    with pytest.raises(ValueError, match="checkpoints was not written by an mmrl run"):
+        claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    assert (victim / "step_0000001").is_dir()

@@ -32,7 +32,7 @@ import stat
 import time
 import weakref
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mmrl.trainer.checkpoint import latest_checkpoint, remove_partial_writes
@@ -271,6 +271,11 @@ def read_record(run_dir: Path) -> set[str] | None:
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise ValueError(f"run.out_dir {run_dir}: its record {path} is not a list of files written by an mmrl run")
+    # a record is only ever read to remove what it names: a crafted one must not reach outside the folder
+    outside = [f for f in files if PurePosixPath(f).is_absolute() or not f or {"..", "."} & set(f.split("/"))]
+    if outside:
+        raise ValueError(f"run.out_dir {run_dir}: its record {path} names {outside[0]!r}, which is not a path inside "
+                         f"the folder; it was not written by mmrl: move the folder aside or choose another --out")
     return set(files)
 
 
@@ -328,8 +333,13 @@ class RunDir:
         self._write_record()
 
     def _relative(self, path: str | Path) -> str:
-        path = Path(path)
-        return (path.relative_to(self.path) if path.is_absolute() else path).as_posix()
+        """A name (``str``) is relative to the run directory already; a ``Path`` is one inside it."""
+        return path if isinstance(path, str) else path.relative_to(self.path).as_posix()
+
+    def _confined(self, rel: str) -> bool:
+        """``rel`` lies in this directory through real folders (no symlinked folder on the way out of it)."""
+        parent = (self.path / rel).parent
+        return parent.resolve() == self.path.resolve().joinpath(*PurePosixPath(rel).parts[:-1])
 
     def _write_record(self) -> None:
         tmp = self.path / f".{RECORD_NAME}.tmp"
@@ -343,6 +353,9 @@ class RunDir:
         for rel in sorted(self.files, key=lambda r: (-r.count("/"), r)):  # the deepest first
             target = self.path / rel
             if not os.path.lexists(target):
+                continue
+            if not self._confined(rel):  # a folder on its way replaced by a link out of the run directory
+                self.left.append(rel)
                 continue
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
