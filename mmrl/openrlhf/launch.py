@@ -136,7 +136,8 @@ def agent_file(task_name: str) -> str:
         return ""
     found = importlib.util.find_spec(module)
     if found is None or found.origin is None:
-        raise ValueError(f"task {task_name!r} on the openrlhf backend needs its agent executor {module} (issue 4)")
+        raise ValueError(f"task {task_name!r} on the openrlhf backend needs its agent executor {module}, which is "
+                         f"not installed")
     return found.origin
 
 
