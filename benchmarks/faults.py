@@ -107,7 +107,7 @@ def sigkill_during_writes(work: Path, trials: int) -> Counter:
         seen["killed mid-write (a .tmp-* folder left)" if partial else "killed between writes"] += 1
         (run / "config.json").write_text(json.dumps(TrainConfig().to_dict(), default=str))
         cfg = TrainConfig()
-        cfg.run.out_dir, cfg.run.resume = str(run), True
+        cfg.run.out_dir, cfg.run.resume, cfg.run.steps = str(run), True, 10_000  # the writer's last step
         claim(cfg).lock.release()
         seen["no .tmp-* after the next start" if not list((run / "checkpoints").glob(".tmp-*")) else
              ".tmp-* remained"] += 1

@@ -45,8 +45,17 @@ RECIPE_VERSIONS = {EMBEDDED_NAME: RECIPE_VERSION, EMBEDDED_MOE_NAME: MOE_RECIPE_
 
 
 def cache_root() -> Path:
-    """``$MMRL_CACHE`` (unset or empty: ``~/.cache/mmrl``)."""
-    return Path(os.environ.get("MMRL_CACHE") or Path.home() / ".cache" / "mmrl")
+    """``$MMRL_CACHE`` (unset or empty: ``~/.cache/mmrl``). ValueError (one line) when it is, or lies under, a file."""
+    given = os.environ.get("MMRL_CACHE")
+    root = Path(given or Path.home() / ".cache" / "mmrl")
+    for where in (root, *root.parents):
+        if os.path.lexists(where):
+            if not where.is_dir():
+                name = f"MMRL_CACHE={given}" if given else f"the cache folder {root}"
+                raise ValueError(f"{name}: {where} is a file, not a folder; "
+                                 + ("point MMRL_CACHE at a folder" if given else "set MMRL_CACHE to a folder"))
+            break
+    return root
 
 
 @contextlib.contextmanager

@@ -20,12 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
+from mmrl.errors import RunError
 from mmrl.trainer.config import TrainConfig, load_yaml, resolve_config, validate
-from mmrl.trainer.run_dir import is_mmrl_config, trained_task
+from mmrl.trainer.run_dir import is_mmrl_config, run_owning, trained_task
 
 log = logging.getLogger("mmrl")
 
@@ -69,7 +72,8 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespa
     parser.add_argument("--seed", dest="run.seed", default=argparse.SUPPRESS,
                         help=f"shortcut for --run.seed (default: {defaults.run.seed})")
     parser.add_argument("--max-problems", type=int, default=0, help="0: the whole held-out split")
-    parser.add_argument("--out", default="", help="write the results as JSON here")
+    parser.add_argument("--out", default="", help="write the results as JSON to this new file")
+    parser.add_argument("--overwrite-out", action="store_true", help="let --out replace an existing file")
     parser.add_argument("--save-samples", default="", metavar="FILE",
                         help="write every completion with its reward, parts and reason as JSON lines (mmrl.samples)")
     parser.add_argument("--overwrite-samples", action="store_true", help="let --save-samples replace an existing file")
@@ -105,9 +109,10 @@ def _main(argv: list[str] | None) -> None:
     from mmrl.trainer.evaluate import evaluate_episode_groups, evaluate_groups
 
     cfg, args = parse_command(argv)
-    if args.save_samples and Path(args.save_samples).exists() and not args.overwrite_samples:
-        raise ValueError(f"--save-samples: {args.save_samples!r} already exists; pass --overwrite-samples to replace "
-                         f"it")
+    if args.out:  # at start: a bad path must not cost a whole evaluation
+        check_output_file("--out", args.out, args.overwrite_out, "--overwrite-out")
+    if args.save_samples:
+        check_output_file("--save-samples", args.save_samples, args.overwrite_samples, "--overwrite-samples")
     given = cfg.model.name
     cfg.model.name, ckpt, state = model_from_run(given)  # before the task: a real base model gets its instruct chat
     task = build_task(cfg)
@@ -154,7 +159,45 @@ def _main(argv: list[str] | None) -> None:
     for key, value in rows:
         print(f"{key:<{width}}  {value:.4f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        write_results(args.out, result)
+
+
+def check_output_file(flag: str, path: str, overwrite: bool, overwrite_flag: str) -> None:
+    """``path`` can take a new output file: its folder exists and can be written, it is not a folder, not one of a
+    run's own files (config.json, metrics.jsonl, ... of an mmrl run), and not an existing file unless
+    ``overwrite``. ValueError with one line."""
+    target = Path(path)
+    folder = target.parent
+    if not folder.is_dir():
+        raise ValueError(f"{flag}: {str(target)!r}: the folder {str(folder)!r} "
+                         + ("is not a folder" if folder.exists() else "does not exist"))
+    if target.is_dir():
+        raise ValueError(f"{flag}: {str(target)!r} is a folder; give a file name, e.g. {str(target / 'eval.json')!r}")
+    run = run_owning(target)
+    if run is not None:
+        raise ValueError(f"{flag}: {str(target)!r} is one of the files of the mmrl run in {str(run)!r}; write the "
+                         f"results to another file")
+    if target.exists() and not overwrite:
+        raise ValueError(f"{flag}: {str(target)!r} already exists; pass {overwrite_flag} to replace it")
+    try:  # a folder one cannot write into (read-only, /proc) is found now, not after the evaluation
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".mmrl-eval-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot write into {str(folder)!r} "
+                         f"({os.strerror(exc.errno) if exc.errno else exc})") from None
+
+
+def write_results(path: str, result: dict) -> None:
+    """The results as JSON, written atomically: a failed write leaves no half file and keeps a file it replaces."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(result, indent=2))
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"--out: cannot write {str(target)!r} ({os.strerror(exc.errno) if exc.errno else exc}); the "
+                       f"results are printed above") from None
 
 
 def main(argv: list[str] | None = None) -> int:

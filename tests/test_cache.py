@@ -116,3 +116,19 @@ def test_an_unset_or_empty_mmrl_cache_means_the_home_cache(monkeypatch, value):
 def test_mmrl_cache_names_the_root(monkeypatch, tmp_path):
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path))
     assert cache_root() == tmp_path
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_mmrl_cache_at_a_file_is_one_line(tmp_path, under):
+    """A run on an MMRL_CACHE that is (or lies under) a file stops with one line, and its --out is left as it was."""
+    import os
+
+    (tmp_path / "file").write_text("x")
+    cache = tmp_path / "file" / under if under else tmp_path / "file"
+    env = {**os.environ, "MMRL_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-m", "mmrl.train", "--steps", "1", "--out", str(tmp_path / "run")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (f"error: MMRL_CACHE={cache}: {tmp_path / 'file'} is a file, not "
+                                                    f"a folder; point MMRL_CACHE at a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

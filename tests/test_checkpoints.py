@@ -77,6 +77,10 @@ def test_resume_falls_back_and_sets_the_damaged_checkpoint_aside(tmp_path, embed
 
 
 def test_leftover_partial_writes_are_removed_at_start(tmp_path, caplog):
+    cfg = parse_config(["--out", str(tmp_path / "run")])
+    first = claim(cfg)  # a run killed during its first checkpoint write
+    first.record_config(cfg, step=0)
+    first.lock.release()
     partial = tmp_path / "run" / "checkpoints" / ".tmp-abc123"
     partial.mkdir(parents=True)
     (partial / checkpoint.TENSORS).write_bytes(b"half")

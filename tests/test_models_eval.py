@@ -129,3 +129,59 @@ def test_eval_reads_a_model_folder_as_a_model_not_as_a_run(embedded_model_dir):
 
     assert (embedded_model_dir / "config.json").exists()
     assert model_from_run(str(embedded_model_dir)) == (str(embedded_model_dir), None, None)
+
+
+@pytest.fixture
+def no_evaluation(monkeypatch):
+    """Fails the test if the evaluation itself starts: --out is to be checked before it."""
+    import mmrl.trainer.build
+
+    def reached(*args, **kwargs):
+        raise AssertionError("the evaluation started")
+
+    monkeypatch.setattr(mmrl.trainer.build, "build_task", reached)
+
+
+def test_eval_out_is_checked_before_the_evaluation(tmp_path, capsys, no_evaluation):
+    from mmrl.eval import main
+    from mmrl.train import parse_config
+    from mmrl.trainer.run_dir import claim
+
+    run = tmp_path / "run"
+    cfg = parse_config(["--out", str(run)])
+    owner = claim(cfg)
+    owner.record_config(cfg, step=0)
+    owner.lock.release()
+    saved = (run / "config.json").read_text()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "old.json").write_text("{}")
+    cases = {
+        "does not exist": ["--out", str(tmp_path / "nope" / "eval.json")],
+        "is not a folder": ["--out", str(tmp_path / "file" / "eval.json")],
+        "is a folder; give a file name": ["--out", str(tmp_path)],
+        "already exists; pass --overwrite-out": ["--out", str(tmp_path / "old.json")],
+        "is one of the files of the mmrl run": ["--out", str(run / "config.json"), "--overwrite-out"],
+        "cannot write into '/proc'": ["--out", "/proc/eval.json"],
+        "--save-samples: ": ["--save-samples", str(run / "samples.jsonl"), "--overwrite-samples"],
+    }
+    for message, flags in cases.items():
+        assert main(flags) == 2, message
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert (run / "config.json").read_text() == saved and (tmp_path / "old.json").read_text() == "{}"
+    with pytest.raises(AssertionError, match="the evaluation started"):  # asked for: on to the evaluation
+        main(["--out", str(tmp_path / "old.json"), "--overwrite-out"])
+    with pytest.raises(AssertionError, match="the evaluation started"):
+        main(["--out", str(run / "eval.json")])  # a file of one's own beside a run's is fine
+
+
+def test_eval_results_that_cannot_be_written_are_one_line(tmp_path):
+    from mmrl.errors import RunError
+    from mmrl.eval import write_results
+
+    (tmp_path / "eval.json").write_text('{"earlier": 1}')
+    write_results(str(tmp_path / "eval.json"), {"pass@1": 0.5})
+    assert json.loads((tmp_path / "eval.json").read_text()) == {"pass@1": 0.5}
+    with pytest.raises(RunError, match=r"--out: cannot write .* \(No such file or directory\); the results are "
+                                       r"printed above"):
+        write_results(str(tmp_path / "gone" / "eval.json"), {"pass@1": 0.5})

@@ -13,7 +13,7 @@ import torch
 import mmrl.algos as algos
 from mmrl.openrlhf.args import LaunchInputs, build_flags, to_argv
 from mmrl.openrlhf.cli import parse_openrlhf_args
-from mmrl.openrlhf.launch import resolve_launch
+from mmrl.openrlhf.launch import prepare, resolve_launch
 from mmrl.openrlhf.reward import completion_text
 from mmrl.tasks import get_task
 from mmrl.train import parse_config
@@ -155,13 +155,103 @@ def test_bad_launches_fail_at_start_with_one_line(flags, message, tmp_path, embe
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def openrlhf_cfg(out, *flags):
+    return parse_config(["--backend", "openrlhf", "--out", str(out), *SMALL_CLUSTER, *flags])
+
+
+def checkpointed(out, step: int) -> None:
+    """What OpenRLHF's DeepSpeed checkpoint of the policy leaves at ``step``: its folder and the ``latest`` tag."""
+    (out / "checkpoints" / "_actor" / f"global_step{step}").mkdir(parents=True)
+    (out / "checkpoints" / "_actor" / "latest").write_text(f"global_step{step}")
+
+
 def test_an_existing_run_is_not_overwritten_silently(tmp_path, embedded_model_dir):
-    (tmp_path / "checkpoints").mkdir()
+    out = tmp_path / "run"
+    _, owner = prepare(openrlhf_cfg(out))
+    owner.lock.release()
+    checkpointed(out, 2)
     with pytest.raises(ValueError, match="already holds a run; pass --resume"):
-        resolve_launch(parse_config(["--backend", "openrlhf", "--out", str(tmp_path), *SMALL_CLUSTER]), write=False)
-    args = resolve_launch(parse_config(["--backend", "openrlhf", "--out", str(tmp_path), "--resume",
-                                        *SMALL_CLUSTER]), write=False).args
-    assert args.ckpt.load_enable and args.ckpt.path == f"{tmp_path.resolve()}/checkpoints"
+        prepare(openrlhf_cfg(out))
+    launch, owner = prepare(openrlhf_cfg(out, "--resume"))
+    owner.lock.release()
+    assert launch.args.ckpt.load_enable and launch.args.ckpt.path == f"{out.resolve()}/checkpoints"
+
+
+def test_the_launch_holds_the_run_directory(tmp_path, embedded_model_dir):
+    """The driver's claim is the local trainer's: while it holds the folder, no run of either backend writes there."""
+    import os
+
+    from mmrl.trainer.run_dir import claim
+
+    out = tmp_path / "run"
+    _, owner = prepare(openrlhf_cfg(out))
+    with pytest.raises(ValueError, match=rf"is in use by process {os.getpid()}"):
+        prepare(openrlhf_cfg(out, "--run.overwrite", "true"))
+    with pytest.raises(ValueError, match="is in use by process"):
+        claim(parse_config(["--out", str(out), "--run.overwrite", "true"]))
+    owner.lock.release()
+
+
+def test_a_users_folder_is_refused_and_left_as_it_was(tmp_path, embedded_model_dir):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"learning_rate": 3}')
+    (mine / "notes.txt").write_text("mine")
+    for flags in ([], ["--run.overwrite", "true"]):
+        with pytest.raises(ValueError, match="is not empty and is not an mmrl run") as refused:
+            prepare(openrlhf_cfg(mine, *flags))
+        assert "overwrite" not in str(refused.value)
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json", "notes.txt"]
+    assert (mine / "config.json").read_text() == '{"learning_rate": 3}'
+
+
+def test_a_refused_launch_leaves_nothing_behind(tmp_path, embedded_model_dir):
+    out = tmp_path / "new" / "run"
+    with pytest.raises(ValueError, match="OpenRLHF rejected the arguments"):
+        prepare(openrlhf_cfg(out, "--cluster.extra", '{"actor.no_such_flag": 1}'))
+    with pytest.raises(ValueError, match="has no checkpoint"):
+        prepare(openrlhf_cfg(out, "--resume"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_keeps_the_run_as_configured(tmp_path, embedded_model_dir):
+    out = tmp_path / "run"
+    _, owner = prepare(openrlhf_cfg(out, "--algo", "grpo"))
+    owner.lock.release()
+    saved = (out / "config.json").read_text()
+    assert json.loads(saved)["algo"]["name"] == "grpo"
+    checkpointed(out, 2)
+    with pytest.raises(ValueError, match="--resume cannot change algo.name"):
+        prepare(openrlhf_cfg(out, "--resume", "--algo", "gpg"))
+    _, owner = prepare(openrlhf_cfg(out, "--resume", "--steps", "5"))
+    owner.lock.release()
+    assert (out / "config.json").read_text() == saved  # written once; the resume's change goes to resumes.jsonl
+    assert json.loads((out / "resumes.jsonl").read_text())["changed"] == {"run.steps": [3, 5]}
+
+
+def test_resume_of_a_finished_run_says_so(tmp_path, embedded_model_dir):
+    out = tmp_path / "run"
+    _, owner = prepare(openrlhf_cfg(out))
+    owner.lock.release()
+    checkpointed(out, 3)  # SMALL_CLUSTER runs 3 steps
+    with pytest.raises(ValueError, match=r"is finished \(its last checkpoint, .*global_step3, is at step 3 of "
+                                         r"run.steps 3\)"):
+        prepare(openrlhf_cfg(out, "--resume"))
+
+
+def test_overwrite_replaces_only_what_the_run_wrote(tmp_path, embedded_model_dir):
+    out = tmp_path / "run"
+    _, owner = prepare(openrlhf_cfg(out))
+    owner.lock.release()
+    checkpointed(out, 3)
+    (out / "model").mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "checkpoints" / "mine.txt").write_text("mine too")
+    _, owner = prepare(openrlhf_cfg(out, "--run.overwrite", "true"))
+    owner.lock.release()
+    assert not (out / "checkpoints" / "_actor").exists() and not (out / "model").exists()
+    assert (out / "notes.txt").read_text() == "mine" and (out / "checkpoints" / "mine.txt").read_text() == "mine too"
+    assert (out / "openrlhf" / "train.jsonl").is_file() and json.loads((out / "config.json").read_text())
 
 
 def test_dry_run_prints_the_launch_and_writes_nothing(tmp_path, capsys, embedded_model_dir):

@@ -1,19 +1,22 @@
-"""Run directories are owned by one run (issue #15 cases 1, 2, 6): a lock, no writing into a foreign folder, and a
-resume that cannot change what is trained. These checks need no model: they run before one is loaded."""
+"""Run directories are owned by one run: a lock, no writing into a foreign folder, a resume that cannot change what is
+trained, and a record of what the run wrote, so that starting afresh removes only that. These checks need no model:
+they run before one is loaded."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from mmrl.train import parse_config
 from mmrl.trainer.config import TrainConfig
-from mmrl.trainer.run_dir import LOCK_NAME, RESUMES_NAME, claim
+from mmrl.trainer.run_dir import LOCK_NAME, RECORD_NAME, RESUMES_NAME, claim, run_owning
 
 
 def make_run(run_dir, **sections) -> TrainConfig:
@@ -75,8 +78,12 @@ def test_a_folder_that_is_not_an_mmrl_run_is_not_overwritten(tmp_path):
     (run / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"not an mmrl run \(it holds notes.txt\)"):
         claim(parse_config(["--out", str(run)]))
-    assert (run / "metrics.jsonl").read_text() == '{"my": "data"}\n'
-    claim(parse_config(["--out", str(run), "--run.overwrite", "true"])).lock.release()
+    # --run.overwrite removes only what a run of ours wrote: a folder that is not one is refused all the same, and
+    # the refusal does not suggest it
+    with pytest.raises(ValueError, match="is not an mmrl run") as refused:
+        claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    assert "overwrite" not in str(refused.value)
+    assert (run / "metrics.jsonl").read_text() == '{"my": "data"}\n' and (run / "notes.txt").read_text() == "mine"
 
 
 def test_files_that_only_share_a_runs_names_are_not_a_run(tmp_path):
@@ -169,3 +176,182 @@ def test_logger_files_belong_to_the_run():
     assert is_run_file("events.out.tfevents.1732300000.host.1234.0")
     assert is_run_file("wandb") and is_run_file("wandb_run_id") and is_run_file("metrics.jsonl")
     assert not is_run_file("notes.txt") and not is_run_file("events.txt")
+
+
+def written_run(run_dir, steps=(1, 2), **flags) -> None:
+    """A run as the local trainer leaves it: its record, config.json, metrics, samples, an event file and checkpoints
+    (written through the claim, as build_trainer and Trainer.run write them)."""
+    cfg = parse_config(["--out", str(run_dir), *[x for k, v in flags.items() for x in (f"--{k}", str(v))]])
+    owner = claim(cfg)
+    owner.clear_previous()
+    owner.record_config(cfg, step=0)
+    owner.record("metrics.jsonl", "samples.jsonl", "events.out.tfevents.1.host.1.0")
+    for name in ("metrics.jsonl", "samples.jsonl", "events.out.tfevents.1.host.1.0"):
+        (run_dir / name).write_text("{}\n")
+    for step in steps:
+        folder = run_dir / "checkpoints" / f"step_{step:07d}"
+        folder.mkdir(parents=True)
+        (folder / "state.pt").write_bytes(b"")
+        owner.record(folder, prune=folder.parent)
+    owner.lock.release()
+
+
+def test_overwrite_removes_only_what_the_run_recorded_and_names_what_it_left(tmp_path, caplog):
+    run = tmp_path / "run"
+    written_run(run)
+    (run / "notes.txt").write_text("mine")  # the user's, beside the run
+    (run / "events.out.tfevents.9.mine").write_text("my own events")
+    (run / "checkpoints" / "best.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="already holds a run; pass --resume"):
+        claim(parse_config(["--out", str(run)]))
+    cfg = parse_config(["--out", str(run), "--run.overwrite", "true"])
+    owner = claim(cfg)
+    with caplog.at_level(logging.INFO, logger="mmrl"):
+        removed = owner.clear_previous()
+    owner.lock.release()
+    assert sorted(removed) == ["checkpoints/step_0000001", "checkpoints/step_0000002", "config.json",
+                               "events.out.tfevents.1.host.1.0", "metrics.jsonl", "samples.jsonl"]
+    assert sorted(p.name for p in run.iterdir()) == [RECORD_NAME, "checkpoints", "events.out.tfevents.9.mine",
+                                                      "notes.txt"]
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["best.txt"]
+    left = "left checkpoints/best.txt, events.out.tfevents.9.mine, notes.txt (not written by an mmrl run)"
+    assert left in caplog.text
+    assert json.loads((run / RECORD_NAME).read_text())["files"] == []
+
+
+def test_a_fresh_run_refuses_to_replace_a_file_its_record_does_not_name(tmp_path):
+    run = tmp_path / "run"
+    written_run(run)
+    record = json.loads((run / RECORD_NAME).read_text())
+    record["files"].remove("metrics.jsonl")  # as if the user had put their own metrics.jsonl here
+    (run / RECORD_NAME).write_text(json.dumps(record))
+    (run / "metrics.jsonl").write_text('{"my": "data"}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl was not written by an mmrl run .* move it away"):
+        claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    assert (run / "metrics.jsonl").read_text() == '{"my": "data"}\n'
+
+
+def test_a_run_without_a_record_is_never_cleared(tmp_path):
+    """A run written before runs kept a record: which files are its is not known, so none is removed."""
+    run = tmp_path / "run"
+    make_run(run)
+    (run / "checkpoints" / "mine").mkdir()
+    with pytest.raises(ValueError, match=rf"did not record the files it wrote \(no {RECORD_NAME}\)"):
+        claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    assert (run / "checkpoints" / "mine").is_dir() and (run / "checkpoints" / "step_0000002").is_dir()
+    claim(parse_config(["--out", str(run), "--resume"])).lock.release()  # it can still be resumed
+
+
+def test_a_resume_adopts_the_run_it_continues(tmp_path):
+    run = tmp_path / "run"
+    make_run(run)
+    cfg = parse_config(["--out", str(run), "--resume"])
+    owner = claim(cfg)
+    owner.record_config(cfg, owner.step)
+    owner.lock.release()
+    assert owner.step == 2
+    assert json.loads((run / RECORD_NAME).read_text())["files"] == ["checkpoints/step_0000002", "config.json"]
+
+
+def test_pruned_checkpoints_leave_the_record(tmp_path):
+    run = tmp_path / "run"
+    written_run(run, steps=(1, 2, 3))
+    owner = claim(parse_config(["--out", str(run), "--resume"]))
+    shutil.rmtree(run / "checkpoints" / "step_0000001")  # pruned by keep_checkpoints
+    (run / "checkpoints" / "step_0000004").mkdir()
+    owner.record(run / "checkpoints" / "step_0000004", prune=run / "checkpoints")
+    owner.lock.release()
+    files = json.loads((run / RECORD_NAME).read_text())["files"]
+    assert [f for f in files if f.startswith("checkpoints/")] == [f"checkpoints/step_000000{i}" for i in (2, 3, 4)]
+
+
+def test_resume_of_a_finished_run_says_so(tmp_path, embedded_model_dir, small_config):
+    """Told once the newest intact checkpoint is loaded: a damaged one at run.steps is skipped, and that run is not
+    finished (tests/test_checkpoints.py)."""
+    from mmrl.trainer.local import build_trainer
+
+    build_trainer(small_config(tmp_path, **{"run.steps": 1})).run()
+    with pytest.raises(ValueError, match=r"is finished \(its last checkpoint, .*step_0000001.* is at step 1 of "
+                                         r"run.steps 1\); pass --steps N with N > 1"):
+        build_trainer(small_config(tmp_path, **{"run.steps": 1, "run.resume": True}))
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+    assert build_trainer(small_config(tmp_path, **{"run.steps": 2, "run.resume": True})).step == 1
+
+
+@pytest.mark.parametrize("mode,who", [(0o777, "every user"), (0o1777, "every user"), (0o775, "its group")])
+def test_an_out_others_can_write_is_refused(tmp_path, mode, who):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    with pytest.raises(ValueError, match=rf"can be written by {who} \(mode {mode:o}\).*a new folder inside it"):
+        claim(parse_config(["--out", str(shared)]))
+    owner = claim(parse_config(["--out", str(shared / "run")]))  # a folder of one's own inside it is fine
+    owner.lock.release()
+    assert (shared / "run").stat().st_mode & 0o777 == 0o755
+
+
+def test_the_shared_tmp_itself_is_refused():
+    with pytest.raises(ValueError, match="can be written by every user"):
+        claim(parse_config(["--out", tempfile.gettempdir()]))
+
+
+def test_an_out_of_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, os.geteuid() + 4242, -1)  # the tests run as root; any other uid is "another user"
+    with pytest.raises(ValueError, match=rf"belongs to another user \(uid {os.geteuid() + 4242}\)"):
+        claim(parse_config(["--out", str(theirs)]))
+
+
+def test_an_out_under_a_file_or_in_proc_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"run.out_dir .*/file/run: .*/file is a file, not a folder"):
+        claim(parse_config(["--out", str(tmp_path / "file" / "run")]))
+    with pytest.raises(ValueError, match=r"run.out_dir /proc/mmrl-run cannot be created"):
+        claim(parse_config(["--out", "/proc/mmrl-run"]))
+    with pytest.raises(ValueError, match="is not an mmrl run"):
+        claim(parse_config(["--out", "/proc"]))
+
+
+def test_a_refused_claim_leaves_no_new_folder(tmp_path):
+    with pytest.raises(ValueError, match="has no checkpoint"):
+        claim(parse_config(["--out", str(tmp_path / "new" / "run"), "--resume"]))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runs_own_files_are_known_as_its_own(tmp_path):
+    run = tmp_path / "run"
+    written_run(run)
+    assert run_owning(run / "config.json") == run and run_owning(run / "checkpoints" / "step_0000002") == run
+    assert run_owning(run / "wandb_run_id") == run  # a name a run writes, recorded or not
+    assert run_owning(run / "eval.json") is None and run_owning(tmp_path / "config.json") is None
+
+
+def test_a_crafted_record_cannot_remove_anything_outside_the_folder(tmp_path):
+    """A shared or downloaded run folder decides what --run.overwrite removes through its record: never a path
+    outside it, not by '..', an absolute path or a folder replaced by a symlink."""
+    victim = tmp_path / "victim"
+    (victim / "step_0000001").mkdir(parents=True)
+    (victim / "keep.txt").write_text("mine")
+    run = tmp_path / "run"
+    written_run(run)
+    for entry in ("../victim", str(victim / "keep.txt")):
+        (run / RECORD_NAME).write_text(json.dumps({"files": ["config.json", entry]}))
+        with pytest.raises(ValueError, match="which is not a path inside the folder"):
+            claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    (run / "extra").symlink_to(victim)  # extra/keep.txt now leads into the victim folder
+    record = {"files": ["config.json", "metrics.jsonl", "samples.jsonl", "extra/keep.txt", "checkpoints/step_0000001",
+                        "checkpoints/step_0000002"]}
+    (run / RECORD_NAME).write_text(json.dumps(record))
+    owner = claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    owner.clear_previous()
+    owner.lock.release()
+    assert (victim / "keep.txt").read_text() == "mine" and not (run / "config.json").exists()
+    written_run(run)
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").symlink_to(victim)  # checkpoints/step_0000001 would be the victim's
+    record = json.loads((run / RECORD_NAME).read_text())
+    (run / RECORD_NAME).write_text(json.dumps({"files": record["files"] + ["checkpoints/step_0000001"]}))
+    with pytest.raises(ValueError, match="checkpoints was not written by an mmrl run"):
+        claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    assert (victim / "step_0000001").is_dir()

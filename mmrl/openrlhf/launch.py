@@ -3,6 +3,10 @@
 Resolution happens on the driver and fails at start with one line: the mmrl config is validated, the objective built,
 the batch layout checked against the GPUs, the task's splits exported as OpenRLHF prompt files, and the OpenRLHF
 arguments parsed by OpenRLHF's own parser. Only then does :func:`mmrl.openrlhf.driver.run` start Ray.
+
+The run directory is claimed as the local trainer claims its own (mmrl.trainer.run_dir): locked for the driver's
+lifetime, a foreign folder refused, a resume that changes what is trained refused, and what the run writes recorded,
+so that ``--run.overwrite`` removes only that. A launch refused at start leaves no new file or folder behind.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +35,48 @@ from mmrl.openrlhf.cli import check_supported, parse_openrlhf_args
 from mmrl.openrlhf.data import count_images, export_rows
 from mmrl.openrlhf.evaluation import set_spec
 from mmrl.openrlhf.rehearsal import FLAGS as REHEARSAL_FLAGS
+from mmrl.openrlhf.rehearsal import LOG_DIR as REHEARSAL_LOG_DIR
 from mmrl.openrlhf.rehearsal import gpu_note as rehearsal_gpu_note
 from mmrl.openrlhf.reward import reward_file_text
 from mmrl.trainer.build import build_algorithm, build_task
 from mmrl.trainer.config import TrainConfig, validate
 from mmrl.trainer.eval_sets import build_eval_sets
-from mmrl.trainer.loggers import wandb_mode
+from mmrl.trainer.loggers import WANDB_DIR, wandb_mode
+from mmrl.trainer.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, claim, inspect
 
 log = logging.getLogger("mmrl.openrlhf")
 
 AGENT_MODULES = {"alfworld": "mmrl.envs.adapters.openrlhf_agent"}  # multi-turn tasks: their AgentExecutor file
+FILES_DIR = "openrlhf"  # the prompt files and reward_func file, under the run directory
+ACTOR_CHECKPOINTS = "checkpoints/_actor"  # OpenRLHF's DeepSpeed checkpoints of the policy (args.ckpt.path/_actor)
+
+
+def openrlhf_latest(run_dir: Path) -> tuple[int, Path] | None:
+    """(step, folder) of the newest policy checkpoint: DeepSpeed names it in the ``latest`` file beside the
+    ``global_step<N>`` folders."""
+    tag_file = Path(run_dir) / ACTOR_CHECKPOINTS / "latest"
+    try:
+        tag = tag_file.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    found = re.fullmatch(r"global_step(\d+)", tag)
+    if found is None or not (tag_file.parent / tag).is_dir():
+        return None
+    return int(found[1]), tag_file.parent / tag
+
+
+# What an openrlhf-backend run writes into its directory: the driver's config and prompt files, the actors'
+# metrics.jsonl and checkpoints, the final model, the loggers' folders and a rehearsal's records.
+OPENRLHF_RUN = RunLayout(
+    writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, "model", "tensorboard",
+            WANDB_DIR, REHEARSAL_LOG_DIR),
+    unique=(), latest=openrlhf_latest, resumes_latest=True)  # DeepSpeed loads the tag its `latest` file names
+
+
+def run_files(cfg: TrainConfig) -> list[str]:
+    """What this run writes (beside config.json), recorded before the actors write it."""
+    return ["metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, "model", *(["tensorboard"] if cfg.run.tensorboard else []),
+            *([WANDB_DIR] if cfg.run.wandb else []), *([REHEARSAL_LOG_DIR] if cfg.cluster.rehearsal else [])]
 
 
 @dataclasses.dataclass
@@ -49,7 +86,8 @@ class Launch:
     argv: list[str]
     args: Any  # OpenRLHF's hierarchical namespace, with ``args.mmrl`` added
     notes: list[str]  # warnings OpenRLHF printed while checking the arguments
-    files: dict[str, str]  # generated files (written unless dry run)
+    files: dict[str, str]  # generated files (written by write_files, unless dry run)
+    write_files: Callable[[], None] = lambda: None  # writes ``files``
 
 
 def algorithm_spec(cfg: TrainConfig, algo: algos.Algorithm) -> dict[str, Any]:
@@ -98,7 +136,8 @@ def agent_file(task_name: str) -> str:
         return ""
     found = importlib.util.find_spec(module)
     if found is None or found.origin is None:
-        raise ValueError(f"task {task_name!r} on the openrlhf backend needs its agent executor {module} (issue 4)")
+        raise ValueError(f"task {task_name!r} on the openrlhf backend needs its agent executor {module}, which is "
+                         f"not installed")
     return found.origin
 
 
@@ -138,10 +177,7 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     spec = algorithm_spec(cfg, algo)
     check_layout(cfg, algo)
     out = cfg.out_dir.resolve()
-    if (out / "checkpoints").exists() and not cfg.run.resume and not cfg.run.overwrite:
-        raise ValueError(f"config: run.out_dir {out} already holds a run; pass --resume to continue it, "
-                         f"--run.overwrite true to start afresh, or another --run.out_dir")
-    files_dir = out / "openrlhf"
+    files_dir = out / FILES_DIR
     eval_sets = build_eval_sets(cfg, task)
     files = {"train": str(files_dir / "train.jsonl"), "eval": str(files_dir / "eval.jsonl") if task.eval else "",
              "reward_func": str(files_dir / "reward_func.py")}
@@ -174,7 +210,8 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     argv = to_argv(flags)
     args, notes = parse_openrlhf_args(argv)
     check_supported(args)
-    if write:  # only once everything is checked: a refused launch leaves nothing behind
+
+    def write_files() -> None:  # only once everything is checked: a refused launch leaves nothing behind
         annotate = vision_annotator(path) if most else None
         export_rows(train_rows, Path(files["train"]), "train", task.name, annotate)
         if eval_rows:
@@ -185,9 +222,33 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
             Path(files["reward_func"]).write_text(reward_file_text({
                 "task": task.name, "options": cfg.task.options, "reward_model": cfg.task.reward_model,
                 "reward_model_weight": cfg.task.reward_model_weight, "tokenizer": path}))
+
+    if write:
+        write_files()
     spec["eval_sets"] = [set_spec(s, files[f"eval_{s.name}"], s.max_new_tokens(cfg)) for s in eval_sets]
     args.mmrl = {**spec, **run_spec(cfg, out)}
-    return Launch(argv, args, notes, files)
+    return Launch(argv, args, notes, files, write_files)
+
+
+def prepare(cfg: TrainConfig, dry_run: bool = False) -> tuple[Launch, RunDir | None]:
+    """Everything before Ray: the run directory claimed (or, in a dry run, only checked), the launch resolved, and
+    (unless dry run) the earlier run's recorded files replaced by this run's prompt files and ``config.json``. The
+    claim's lock is held until the caller releases it (``owner.lock.release()``) or exits."""
+    if dry_run:
+        inspect(cfg, OPENRLHF_RUN)
+        return resolve_launch(cfg, write=False), None
+    owner = claim(cfg, OPENRLHF_RUN)
+    try:
+        resolved = resolve_launch(cfg, write=False)
+        if not cfg.run.resume:  # only what the earlier run recorded; anything else stays (and is named)
+            owner.clear_previous()
+        owner.record(*run_files(cfg))
+        resolved.write_files()
+        owner.record_config(cfg, owner.step)  # written once, atomically; a resume appends its changes instead
+    except BaseException:
+        owner.abandon()
+        raise
+    return resolved, owner
 
 
 def describe(cfg: TrainConfig, launch: Launch) -> str:
@@ -217,14 +278,19 @@ def launch(cfg: TrainConfig, dry_run: bool = False) -> int:
         note = check_devices(cfg)
         if note:
             print(note)
-    resolved = resolve_launch(cfg, write=not dry_run)
+    resolved, owner = prepare(cfg, dry_run)
     print(describe(cfg, resolved))
-    if dry_run:
+    if owner is None:
         return 0
+    try:
+        _start(cfg, resolved)
+    finally:
+        owner.lock.release()  # held for the driver's lifetime: no second run writes into this directory meanwhile
+    return 0
+
+
+def _start(cfg: TrainConfig, resolved: Launch) -> None:
     out = cfg.out_dir.resolve()
-    if cfg.run.overwrite and not cfg.run.resume and (out / "checkpoints").exists():
-        shutil.rmtree(out / "checkpoints")  # a fresh run must not resume or prune into the old one's checkpoints
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
     if cfg.run.wandb:  # OpenRLHF's W&B logger reads these in its Ray actors (see mmrl.trainer.loggers.openrlhf_flags)
         os.environ["WANDB_MODE"] = wandb_mode()
         os.environ.setdefault("WANDB_DIR", str(out))
@@ -236,4 +302,3 @@ def launch(cfg: TrainConfig, dry_run: bool = False) -> int:
 
     run(resolved.args, cfg.cluster.ray_address, cfg.cluster.rehearsal, cfg.cluster.placement_timeout)
     print(f"run directory: {out} (model/, checkpoints/" + (", tensorboard/" if cfg.run.tensorboard else "") + ")")
-    return 0

@@ -24,7 +24,6 @@ import dataclasses
 import json
 import logging
 import random
-import shutil
 import signal
 import sys
 import time
@@ -44,7 +43,7 @@ from mmrl.errors import Interrupted, checkpoint_note
 from mmrl.models import load_tokenizer
 from mmrl.models.lora import FrozenBase, add_lora, load_policy_weights, policy_weights
 from mmrl.rewards.base import RewardResult
-from mmrl.samples import RunSamples, group_records
+from mmrl.samples import SAMPLES_FILE, RunSamples, group_records
 from mmrl.tasks import Task
 from mmrl.tasks.base import EnvTask
 from mmrl.trainer.build import (
@@ -73,7 +72,7 @@ from mmrl.trainer.rollout import (
     response_logprobs,
     score_groups,
 )
-from mmrl.trainer.run_dir import RunDir, claim
+from mmrl.trainer.run_dir import RunDir, claim, refuse_finished
 from mmrl.trainer.schedule import build_scheduler
 from mmrl.trainer.vision_prompts import PromptCache, prompts_vision
 
@@ -466,6 +465,8 @@ class Trainer:
             path = save_checkpoint(self.run_dir, self.step, state, self.cfg.run.keep_checkpoints)
         finally:
             self.writing_checkpoint = False
+        if self.owner is not None:  # the checkpoints pruned by keep_checkpoints leave the record with it
+            self.owner.record(path, prune=path.parent)
         if self.stop_after_write is not None:
             raise Interrupted(self.stop_after_write, path)
         return path
@@ -522,9 +523,13 @@ class Trainer:
         """Train until ``run.steps``; on SIGINT/SIGTERM finish the step, checkpoint and stop."""
         cfg = self.cfg
         resume_step = self.step if cfg.run.resume else None
+        if self.owner is not None:  # recorded before they are written: a later --run.overwrite removes them
+            self.owner.record("metrics.jsonl", SAMPLES_FILE, *RunLoggers.names(cfg.run.wandb))
         metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=resume_step)
         samples = RunSamples(self.run_dir, resume_step=resume_step)
         loggers = RunLoggers(self.run_dir, cfg.run.tensorboard, cfg.run.wandb, cfg.to_dict(), resume_step)
+        if self.owner is not None and loggers.event_files:  # TensorBoard names its files as it creates them
+            self.owner.record(*loggers.event_files)
         previous = {sig: signal.signal(sig, self._request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         bar = tqdm(total=cfg.run.steps, initial=self.step, disable=not cfg.run.progress, desc=f"{cfg.algo.name}",
                    unit="step", dynamic_ncols=True)
@@ -549,6 +554,8 @@ class Trainer:
                 if due or self.stop_signal is not None or self.step == cfg.run.steps:
                     self.checkpoint()
             if cfg.run.plot:
+                if self.owner is not None:
+                    self.owner.record("curves.png")
                 plot_curves(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "curves.png",
                             f"{cfg.algo.name} on {cfg.task.name} ({cfg.model.name})")
         finally:
@@ -580,7 +587,7 @@ class Trainer:
 # ----------------------------------------------------------------------------------------------- building
 
 
-def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, run_dir: Path, autocast) -> list[float]:
+def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, owner: RunDir, autocast) -> list[float]:
     """The SFT warm-up (``sft.steps``) on the training games' demonstrations; losses go to ``sft.jsonl``."""
     from mmrl.trainer.sft import render_demonstrations, sft_warmup
 
@@ -591,8 +598,8 @@ def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, run_dir: Path, au
                                   per_row=s.demos_per_row)
     log.info("sft warm-up: %d demonstrations rendered in %.1f s; %d steps", len(demos), time.perf_counter() - t0,
              s.steps)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / "sft.jsonl").open("w") as out:
+    owner.record("sft.jsonl")
+    with (owner.path / "sft.jsonl").open("w") as out:
         def write(step: int, loss: float) -> None:
             out.write(json.dumps({"sft_step": step, "loss": loss}) + "\n")
             out.flush()  # a long warm-up can be watched
@@ -617,11 +624,19 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if cfg.rollout.top_p < 1:
         log.warning("rollout.top_p < 1: responses are sampled from a truncated distribution but scored under the "
                     "full one; ratio-free objectives (gpg, gvpo) get a biased gradient")
-    run_dir = cfg.out_dir
     owner = claim(cfg)  # locked for this run; refuses a foreign folder or a resume that changes what is trained
+    try:
+        return _build_claimed(cfg, task, eval_sets, algo, owner)
+    except BaseException:
+        owner.abandon()  # a start refused after the claim leaves no new folder behind
+        raise
+
+
+def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalSet], algo: algos.Algorithm,
+                   owner: RunDir) -> Trainer:
+    run_dir = owner.path
     # Read before the model is built: a checkpoint that cannot be used (damaged, an older mmrl's) fails in seconds.
     resumed = load_latest(run_dir) if cfg.run.resume else None
-
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     random.seed(cfg.run.seed)
@@ -653,10 +668,12 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if lora is not None:  # only the adapters train; the frozen base is the reference below
         model = add_lora(model, lora, cfg.model.gradient_checkpointing)
     compute_dtype = getattr(torch, cfg.model.dtype)
+    if not cfg.run.resume:  # a fresh run must never resume or prune into an earlier one's checkpoints
+        owner.clear_previous()  # only what that run recorded; anything else stays (and is named)
     if cfg.sft.steps and not cfg.run.resume:  # before the reference copy: RL starts from (and is anchored to) SFT
         autocast = lambda: torch.autocast(device.type, dtype=compute_dtype,  # noqa: E731
                                           enabled=compute_dtype != torch.float32)
-        warm_up(cfg, task, tokenizer, model, run_dir, autocast)
+        warm_up(cfg, task, tokenizer, model, owner, autocast)
     ref_model = None
     if reference_needed(algo, cfg):
         ref_model = FrozenBase(model) if lora is not None else copy.deepcopy(model).requires_grad_(False).eval()
@@ -679,15 +696,13 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
                       vision_prompts=None if vision is None else PromptCache(vision, task.train, "train",
                                                                              cfg.rollout.max_prompt_tokens),
                       owner=owner)
-    if cfg.run.overwrite and not cfg.run.resume and (run_dir / "checkpoints").exists():
-        shutil.rmtree(run_dir / "checkpoints")  # a fresh run must never resume or prune into the old one's
-    run_dir.mkdir(parents=True, exist_ok=True)
     log.info("task %s: %s", task.name, task.description)
     if resumed is not None:
         existing, state, unreadable = resumed
         for path in unreadable:
             log.warning("set aside as %s", set_aside(path))
         trainer.restore(state, existing)
+        refuse_finished(cfg, trainer.step, existing)
         log.info("resumed from %s at step %d", existing, trainer.step)
     owner.record_config(cfg, trainer.step)
     return trainer

@@ -19,6 +19,7 @@ from typing import Any
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
 WANDB_ID_FILE = "wandb_run_id"  # in the run dir: --resume continues the same W&B run
+WANDB_DIR = "wandb"  # W&B's own files, under the run dir (wandb.init(dir=run_dir))
 OPENRLHF_WANDB_KEY = "existing-login-or-offline"  # see openrlhf_flags: OpenRLHF switches W&B on by a key
 
 
@@ -41,18 +42,18 @@ def wandb_mode() -> str:
 
 
 class TensorBoardLog:
-    """TensorBoard event files in ``run_dir``. A fresh run removes the event files of a run it replaces
-    (``--run.overwrite``); a resumed one tells TensorBoard to drop the old files' events from ``resume_step`` on,
-    which the resumed run logs again."""
+    """TensorBoard event files in ``run_dir``. A resumed run tells TensorBoard to drop the old files' events from
+    ``resume_step`` on, which the resumed run logs again. The event files of a run that a fresh one replaces
+    (``--run.overwrite``) are removed by the run directory's claim (mmrl.trainer.run_dir), which knows which are a
+    run's; ``files`` names the one this log created."""
 
     def __init__(self, run_dir: Path, resume_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         run_dir.mkdir(parents=True, exist_ok=True)
-        if resume_step is None:
-            for old in run_dir.glob(f"{EVENT_FILE_PREFIX}*"):
-                old.unlink()
+        before = set(run_dir.glob(f"{EVENT_FILE_PREFIX}*"))
         self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=resume_step)
+        self.files = sorted(p.name for p in set(run_dir.glob(f"{EVENT_FILE_PREFIX}*")) - before)
 
     def write(self, step: int, values: dict[str, float]) -> None:
         for key, value in values.items():
@@ -87,14 +88,21 @@ class RunLoggers:
     def __init__(self, run_dir: Path, tensorboard: bool, wandb_project: str, config: dict[str, Any],
                  resume_step: int | None = None):
         self.logs: list[TensorBoardLog | WandbLog] = []
+        self.event_files: list[str] = []  # the TensorBoard event files created in run_dir
         try:
             if tensorboard:
                 self.logs.append(TensorBoardLog(run_dir, resume_step))
+                self.event_files = self.logs[-1].files
             if wandb_project:
                 self.logs.append(WandbLog(wandb_project, run_dir, config, resume=resume_step is not None))
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def names(wandb_project: str) -> list[str]:
+        """What the loggers write into the run directory at fixed names (W&B's), before they write it."""
+        return [WANDB_ID_FILE, WANDB_DIR] if wandb_project else []
 
     def write(self, record: dict[str, Any]) -> None:
         values = scalars(record)

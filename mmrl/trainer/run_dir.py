@@ -3,23 +3,36 @@
 * A lock (``.mmrl.lock``, holding the owner's pid) stops a second run from writing into the same ``--out``. It is an
   advisory ``flock``, so the kernel drops it when its process dies, however it dies: a lock file left behind by a
   killed run is taken over, with a note naming the dead pid.
-* A non-empty folder that is not an mmrl run is refused unless ``run.overwrite`` is set: it may be the user's own
-  ``config.json`` and ``metrics.jsonl``.
+* A run records every file and folder it writes in ``.mmrl-run.json`` (rewritten atomically). A fresh run into the
+  folder of an earlier one (``run.overwrite``, or a run that died before its first checkpoint) removes only what that
+  record names and says what it left; a file the record does not name at a path the new run writes (a user's own
+  ``metrics.jsonl``) stops it with one line. A non-empty folder that is not an mmrl run is refused outright.
+* ``--out`` must be a folder of the user's own that no other user can write (not ``/tmp`` itself: a new folder inside
+  it): another user could otherwise replace the run's files.
 * ``--resume`` continues the run as it was configured: a change to any field that changes what is trained (the
   objective, the task, the model, the seed, learning rate, ...) stops it with one line naming the field. Fields that
   only say how long, how often or where to run (:data:`SAFE_ON_RESUME`) may change; the change is logged and
-  appended to ``resumes.jsonl``. The run's ``config.json`` is never rewritten by a resume.
+  appended to ``resumes.jsonl``. The run's ``config.json`` is never rewritten by a resume. A resume of a finished run
+  (its last checkpoint at ``run.steps``) is refused with one line.
+
+Both backends claim their directory here; each describes what its runs write with a :class:`RunLayout`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import fnmatch
 import json
 import logging
 import os
+import re
+import shutil
+import stat
 import time
 import weakref
-from pathlib import Path
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mmrl.files import atomic_write_text
@@ -29,11 +42,14 @@ from mmrl.trainer.config import TrainConfig, saved_overrides
 log = logging.getLogger("mmrl")
 
 LOCK_NAME = ".mmrl.lock"
+RECORD_NAME = ".mmrl-run.json"
 CONFIG_NAME = "config.json"
 RESUMES_NAME = "resumes.jsonl"
-# Files a run of ours writes; anything else in a folder means it is not (only) an mmrl run.
-RUN_FILES = {LOCK_NAME, CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", "curves.png", "sft.jsonl", "samples.jsonl",
-             "checkpoints", "wandb", "wandb_run_id"}  # the last two: mmrl.trainer.loggers' W&B files
+# Names a run of either backend writes at the top of its directory: a folder holding one of them beside an mmrl
+# config.json is a run's, and mmrl.eval never writes its results over one of them.
+RUN_FILES = {LOCK_NAME, RECORD_NAME, CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", "curves.png", "sft.jsonl",
+             "samples.jsonl", "checkpoints", "wandb", "wandb_run_id",  # the last two: mmrl.trainer.loggers' W&B files
+             "openrlhf", "model", "tensorboard", "rehearsal"}  # the openrlhf backend's (mmrl.openrlhf.launch)
 # TensorBoard names its event files events.out.tfevents.<time>.<host>... (mmrl.trainer.loggers, --run.tensorboard)
 RUN_FILE_PREFIXES = ("events.out.tfevents.",)
 # Fields that say how long, how often, where or with what resources to run, not what is trained.
@@ -180,8 +196,9 @@ def resume_changes(run_dir: Path, cfg: TrainConfig) -> dict[str, tuple[Any, Any]
 
 
 def _as_task_reads(task: str, key: str, value: Any) -> Any:
-    """``value`` of option ``key`` typed as the task converts it (runs saved before session 17 kept ``--task.x 5``
-    as the number 5; flags now keep the text "5"); unchanged when it is not an option or does not convert."""
+    """``value`` of option ``key`` typed as the task converts it (runs saved before task options kept their text
+    hold ``--task.x 5`` as the number 5; flags now keep the text "5"); unchanged when it is not an option or does not
+    convert."""
     from mmrl.tasks import TASKS
     from mmrl.tasks.base import option_defaults, typed_option
 
@@ -195,22 +212,193 @@ def _as_task_reads(task: str, key: str, value: Any) -> Any:
         return value
 
 
-class RunDir:
-    """The claimed run directory of one run: its lock and what a resume changed."""
+@dataclasses.dataclass(frozen=True)
+class RunLayout:
+    """What one backend's runs write into their directory.
 
-    def __init__(self, path: Path, lock: RunLock, changes: dict[str, tuple[Any, Any]]):
+    ``writes``: the paths (relative, glob patterns allowed) a run writes at fixed names; a file there that the
+    directory's record does not name would be replaced, so a fresh run refuses to start over it. ``unique``: names a
+    run makes unique itself (TensorBoard's event files), never in a new run's way. ``latest``: the newest checkpoint as
+    (step, path), None without one. ``resumes_latest``: a resume always continues from that checkpoint, so the claim
+    can tell a finished run; otherwise (a damaged newest checkpoint is skipped) the trainer tells it once loaded."""
+
+    writes: tuple[str, ...]
+    unique: tuple[str, ...]
+    latest: Callable[[Path], tuple[int, Path] | None]
+    resumes_latest: bool
+
+    def owned_on_resume(self, run_dir: Path, record: set[str]) -> tuple[str, ...]:
+        """What a resume takes as its own beyond the record: the paths its backend writes (the run it continues)."""
+        found = {p.relative_to(run_dir).as_posix() for pattern in (*self.writes, *self.unique)
+                 for p in run_dir.glob(pattern)}
+        return tuple(sorted(found - record))
+
+    def in_the_way(self, rel: str) -> bool:
+        """``rel`` is, or is a folder holding, a path this backend's run writes."""
+        return any(fnmatch.fnmatchcase(rel, p) or p.startswith(rel + "/") for p in self.writes)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a local checkpoint from its folder's name (``checkpoints/step_0000060``)."""
+    for part in (path, *path.parents):
+        found = re.fullmatch(r"step_(\d+)", part.name)
+        if found:
+            return int(found[1])
+    raise ValueError(f"checkpoint {path} is not inside a step_* folder")
+
+
+def local_latest(run_dir: Path) -> tuple[int, Path] | None:
+    path = latest_checkpoint(run_dir)
+    return None if path is None else (checkpoint_step(path), path)
+
+
+LOCAL_RUN = RunLayout(
+    writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", "samples.jsonl", "curves.png", "sft.jsonl", "wandb",
+            "wandb_run_id", "checkpoints/step_*"),
+    unique=(f"{RUN_FILE_PREFIXES[0]}*",), latest=local_latest, resumes_latest=False)
+
+
+def read_record(run_dir: Path) -> set[str] | None:
+    """The relative paths the directory's record names; None when it has no record (not an mmrl run, or one written
+    before runs kept a record). ValueError when the record cannot be read."""
+    path = Path(run_dir) / RECORD_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"run.out_dir {run_dir}: its record {path} cannot be read ({exc}); move the folder aside "
+                         f"or choose another --out") from None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ValueError(f"run.out_dir {run_dir}: its record {path} is not a list of files written by an mmrl run")
+    # a record is only ever read to remove what it names: a crafted one must not reach outside the folder
+    outside = [f for f in files if PurePosixPath(f).is_absolute() or not f or {"..", "."} & set(f.split("/"))]
+    if outside:
+        raise ValueError(f"run.out_dir {run_dir}: its record {path} names {outside[0]!r}, which is not a path inside "
+                         f"the folder; it was not written by mmrl: move the folder aside or choose another --out")
+    return set(files)
+
+
+# The directory's lock and record, and what an atomic rewrite of the record or config.json killed midway leaves.
+OWN_FILES = {LOCK_NAME, RECORD_NAME, f".{RECORD_NAME}.tmp", f".{CONFIG_NAME}.tmp"}
+
+
+def unrecorded(run_dir: Path, record: set[str]) -> list[str]:
+    """Paths in ``run_dir`` (relative) that ``record`` does not name; a folder is looked into only when the record
+    names something inside it (``checkpoints/`` holding a user's file beside the run's ``step_*``)."""
+    out = []
+
+    def visit(folder: Path, prefix: str) -> None:
+        for child in sorted(folder.iterdir()):
+            rel = prefix + child.name
+            if rel in record or rel in OWN_FILES:
+                continue
+            is_folder = child.is_dir() and not child.is_symlink()
+            if is_folder and not any(child.iterdir()):  # nothing in it to lose or to leave
+                continue
+            if is_folder and any(r.startswith(rel + "/") for r in record):
+                visit(child, rel + "/")
+            else:
+                out.append(rel)
+
+    visit(run_dir, "")
+    return out
+
+
+def _shown(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
+class RunDir:
+    """The claimed run directory of one run: its lock, what a resume changed, and the record of what it wrote."""
+
+    def __init__(self, path: Path, lock: RunLock, changes: dict[str, tuple[Any, Any]], *,
+                 record: set[str] | None = None, adopted: tuple[str, ...] = (), left: tuple[str, ...] = (),
+                 step: int = 0, created: tuple[Path, ...] = ()):
         self.path, self.lock, self.changes = path, lock, changes
+        self.step = step  # of the checkpoint a resume continues from (0 for a fresh run)
+        self.files = set(record or ()) | set(adopted)  # what the record names once it is next written
+        self.left = list(left)  # entries of the directory that no run of ours wrote
+        self._created = created  # folders the claim made: removed again by abandon() while still empty
+
+    def record(self, *paths: str | Path, prune: str | Path | None = None) -> None:
+        """Add ``paths`` (relative to the run directory, or inside it) to the record, before or just after they are
+        written; with ``prune`` (a folder), entries inside it whose files the run has since removed (checkpoints
+        past ``run.keep_checkpoints``) are dropped. Atomic."""
+        added = {self._relative(p) for p in paths}
+        if prune is not None:
+            inside = self._relative(prune) + "/"
+            self.files = {f for f in self.files if not f.startswith(inside) or os.path.lexists(self.path / f)}
+        self.files |= added
+        self._write_record()
+
+    def _relative(self, path: str | Path) -> str:
+        """A name (``str``) is relative to the run directory already; a ``Path`` is one inside it."""
+        return path if isinstance(path, str) else path.relative_to(self.path).as_posix()
+
+    def _confined(self, rel: str) -> bool:
+        """``rel`` lies in this directory through real folders (no symlinked folder on the way out of it)."""
+        parent = (self.path / rel).parent
+        return parent.resolve() == self.path.resolve().joinpath(*PurePosixPath(rel).parts[:-1])
+
+    def _write_record(self) -> None:
+        atomic_write_text(self.path / RECORD_NAME,
+                          json.dumps({"written_by": "mmrl", "files": sorted(self.files)}, indent=1) + "\n")
+
+    def clear_previous(self) -> list[str]:
+        """A fresh run: remove what the earlier run of this directory recorded (and nothing else), log what was
+        removed and what was left. Returns the removed paths."""
+        removed = []
+        for rel in sorted(self.files, key=lambda r: (-r.count("/"), r)):  # the deepest first
+            target = self.path / rel
+            if not os.path.lexists(target):
+                continue
+            if not self._confined(rel):  # a folder on its way replaced by a link out of the run directory
+                self.left.append(rel)
+                continue
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+            removed.append(rel)
+            for parent in target.parents:  # folders the record's entries sat in, once empty (checkpoints/)
+                if parent == self.path or not parent.is_relative_to(self.path):
+                    break
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+        self.files = set()
+        self._write_record()
+        if removed:
+            log.info("run.out_dir %s: removed the earlier run's %s", self.path, _shown(removed, 6))
+        if self.left:
+            log.warning("run.out_dir %s: left %s (not written by an mmrl run)", self.path, _shown(self.left, 6))
+        return removed
 
     def record_config(self, cfg: TrainConfig, step: int) -> None:
         """A fresh run writes ``config.json`` (atomically); a resume appends its safe changes to ``resumes.jsonl``."""
         if not cfg.run.resume:
+            self.record(CONFIG_NAME)
             atomic_write_text(self.path / CONFIG_NAME, json.dumps(cfg.to_dict(), indent=2, default=str))
             return
+        self.record(CONFIG_NAME, *([RESUMES_NAME] if self.changes else []))  # a resumed run's config is its own
         if self.changes:
             entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step,
                      "changed": {k: list(v) for k, v in self.changes.items()}}
             with (self.path / RESUMES_NAME).open("a") as out:
                 out.write(json.dumps(entry, default=str) + "\n")
+
+    def abandon(self) -> None:
+        """A start refused after the claim: release the lock and remove the folders the claim made, if still
+        empty, so that a refused start leaves nothing behind."""
+        self.lock.release()
+        for folder in self._created:  # the deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
 def is_run_file(name: str) -> bool:
@@ -218,44 +406,144 @@ def is_run_file(name: str) -> bool:
     return name in RUN_FILES or name.startswith(RUN_FILE_PREFIXES)
 
 
-def claim(cfg: TrainConfig) -> RunDir:
-    """Lock ``cfg.out_dir`` for this run and check that the run may write there; removes half-written checkpoints
-    of earlier (dead) runs of this directory. Raises ValueError with one line."""
+def check_out_path(run_dir: Path) -> None:
+    """``run.out_dir`` can be a run's folder: under folders (not a file), and, when it exists, a folder of this user's
+    that no other user can write. ValueError with one line."""
+    for where in (run_dir, *run_dir.parents):
+        if not os.path.lexists(where):
+            continue
+        if not where.is_dir():
+            raise ValueError(f"run.out_dir {run_dir} exists and is not a directory" if where == run_dir else
+                             f"run.out_dir {run_dir}: {where} is a file, not a folder")
+        break
+    if not run_dir.is_dir():
+        return
+    info = run_dir.stat()
+    if info.st_uid != os.geteuid():
+        raise ValueError(f"run.out_dir {run_dir} belongs to another user (uid {info.st_uid}); choose a folder of your "
+                         f"own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "every user" if info.st_mode & stat.S_IWOTH else "its group"
+        raise ValueError(f"run.out_dir {run_dir} can be written by {who} (mode {stat.S_IMODE(info.st_mode):o}), who "
+                         f"could replace the run's files; choose a folder only you can write, such as a new folder "
+                         f"inside it")
+
+
+def _check_not_foreign(cfg: TrainConfig) -> set[str] | None:
+    """Refuse a non-empty folder that is not an mmrl run; the directory's record (None without one)."""
     run_dir = cfg.out_dir
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"run.out_dir {run_dir} exists and is not a directory")
-    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.exists() else []
-    if entries and not cfg.run.overwrite:
-        foreign = [name for name in entries if not is_run_file(name)]
-        # a run's directory holds mmrl's config.json (written at start) or, if that run was killed before writing
-        # it, its lock file; files that only share a run's names (a user's own metrics.jsonl) are not a run's
-        ours = ((run_dir / CONFIG_NAME).exists() and is_mmrl_config(run_dir / CONFIG_NAME)) or LOCK_NAME in entries
-        if not ours or (foreign and not cfg.run.resume):  # a resumed run may keep the user's files beside it
-            shown = (foreign or entries)[:3]
-            raise ValueError(f"run.out_dir {run_dir} is not empty and is not an mmrl run (it holds {', '.join(shown)}"
-                             f"{', ...' if len(foreign or entries) > 3 else ''}); "
-                             + ("nothing here to resume" if cfg.run.resume else
-                                "choose another --out, or pass --run.overwrite true to write into it"))
-    lock = RunLock(run_dir)
-    lock.acquire()
+    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    record = read_record(run_dir) if entries else None
+    others = [name for name in entries if name not in OWN_FILES]
+    # a run's directory holds its record, mmrl's config.json (runs from before records) or, if that run was killed
+    # before writing either, its lock file; files that only share a run's names (a user's metrics.jsonl) are not a run's
+    ours = record is not None or is_mmrl_config(run_dir / CONFIG_NAME) or LOCK_NAME in entries
+    if others and not ours:
+        shown = [name for name in others if not is_run_file(name)] or others  # the user's own names say most
+        raise ValueError(f"run.out_dir {run_dir} is not empty and is not an mmrl run (it holds {_shown(shown)}); "
+                         + ("nothing here to resume" if cfg.run.resume else "choose another --out"))
+    return record
+
+
+def _check_run(cfg: TrainConfig, layout: RunLayout, record: set[str] | None) -> dict[str, Any]:
+    """The checks of a run directory that read its checkpoints and files (under the lock, or in a dry run)."""
+    run_dir = cfg.out_dir
+    if not run_dir.is_dir():
+        if cfg.run.resume:
+            raise ValueError(f"config: run.resume is set but {run_dir} does not exist")
+        return {"changes": {}, "adopted": (), "left": (), "step": 0}
+    latest = layout.latest(run_dir)
+    if cfg.run.resume and latest is None:
+        raise ValueError(f"config: run.resume is set but {run_dir} has no checkpoint")
+    if cfg.run.resume and layout.resumes_latest:
+        refuse_finished(cfg, *latest)
+    if not cfg.run.resume and latest is not None and not cfg.run.overwrite:
+        raise ValueError(f"config: run.out_dir {run_dir} already holds a run; pass --resume to continue it, "
+                         f"--run.overwrite true to start afresh, or another --run.out_dir")
+    loose = unrecorded(run_dir, record or set())
+    adopted: tuple[str, ...] = ()
+    if cfg.run.resume:  # the run it continues (and its checkpoints) is this run's own, recorded or not
+        adopted = layout.owned_on_resume(run_dir, record or set())
+    else:
+        blocking = [rel for rel in loose if layout.in_the_way(rel)]
+        if blocking and record is None:
+            raise ValueError(f"run.out_dir {run_dir} holds a run from an mmrl that did not record the files it wrote "
+                             f"(no {RECORD_NAME}), so none of them is removed; move away what you want to keep and "
+                             f"delete the rest, or choose another --out")
+        if blocking:
+            raise ValueError(f"run.out_dir {run_dir}: {_shown(blocking)} was not written by an mmrl run (it is not in "
+                             f"{RECORD_NAME}) and a new run would replace it; move it away or choose another --out")
+    changes = {}
+    if cfg.run.resume and (run_dir / CONFIG_NAME).exists():
+        changes = resume_changes(run_dir, cfg)
+    left = tuple(rel for rel in loose if rel not in adopted)
+    return {"changes": changes, "adopted": adopted, "left": left, "step": latest[0] if latest else 0}
+
+
+def refuse_finished(cfg: TrainConfig, step: int, checkpoint: Path) -> None:
+    """A resume from ``checkpoint`` at ``step`` would train nothing: one line saying so."""
+    if step >= cfg.run.steps:
+        raise ValueError(f"run.resume: the run in {cfg.out_dir} is finished (its last checkpoint, {checkpoint}, is at "
+                         f"step {step} of run.steps {cfg.run.steps}); pass --steps N with N > {step} to train it "
+                         f"further, or evaluate it with python -m mmrl.eval --model {cfg.out_dir}")
+
+
+def inspect(cfg: TrainConfig, layout: RunLayout = LOCAL_RUN) -> None:
+    """Every check of :func:`claim` without taking the directory or writing anything (a dry run)."""
+    check_out_path(cfg.out_dir)
+    _check_run(cfg, layout, _check_not_foreign(cfg))
+
+
+def claim(cfg: TrainConfig, layout: RunLayout = LOCAL_RUN) -> RunDir:
+    """Lock ``cfg.out_dir`` for this run and check that the run may write there; removes half-written checkpoints
+    of earlier (dead) runs of this directory. Raises ValueError with one line; a refused claim leaves no new file or
+    folder behind."""
+    run_dir = cfg.out_dir
+    check_out_path(run_dir)
+    record = _check_not_foreign(cfg)
+    created = tuple(p for p in (run_dir, *run_dir.parents) if not os.path.lexists(p))
     try:
+        run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)  # not writable by others, whatever the umask
+    except OSError as exc:
+        raise ValueError(f"run.out_dir {run_dir} cannot be created ({os.strerror(exc.errno) if exc.errno else exc})"
+                         ) from None
+    lock = RunLock(run_dir)
+    try:
+        try:
+            lock.acquire()
+        except OSError as exc:
+            raise ValueError(f"run.out_dir {run_dir}: cannot write its lock file "
+                             f"({os.strerror(exc.errno) if exc.errno else exc})") from None
         for partial in remove_partial_writes(run_dir):
             log.warning("removed %s, a checkpoint write that never finished", partial)
-        existing = latest_checkpoint(run_dir)
-        if cfg.run.resume and existing is None:
-            raise ValueError(f"config: run.resume is set but {run_dir} has no checkpoint")
-        if not cfg.run.resume and existing is not None and not cfg.run.overwrite:
-            raise ValueError(f"config: run.out_dir {run_dir} already holds a run; pass --resume to continue it, "
-                             f"--run.overwrite true to start afresh, or another --run.out_dir")
-        changes = {}
-        if cfg.run.resume and (run_dir / CONFIG_NAME).exists():
-            changes = resume_changes(run_dir, cfg)
-            for key, (old, new) in changes.items():
-                log.info("resume: %s changed from %r to %r", key, old, new)
+        found = _check_run(cfg, layout, record)
+        for key, (old, new) in found["changes"].items():
+            log.info("resume: %s changed from %r to %r", key, old, new)
     except BaseException:
-        lock.release()
+        RunDir(run_dir, lock, {}, created=created).abandon()
         raise
-    return RunDir(run_dir, lock, changes)
+    return RunDir(run_dir, lock, found["changes"], record=record, adopted=found["adopted"], left=found["left"],
+                  step=found["step"], created=created)
+
+
+def run_owning(path: str | Path) -> Path | None:
+    """The run directory that ``path`` is one of the files or folders of (named by the directory's record, or a name
+    a run writes, in a folder holding a record, an mmrl config.json or a run's lock); None for any other path."""
+    path = Path(path).resolve()
+    for folder in path.parents:
+        rel = path.relative_to(folder).as_posix()
+        try:
+            record = read_record(folder)
+        except ValueError:  # a record that cannot be read is still a run's
+            record = set()
+        except OSError:  # a folder we cannot look into
+            continue
+        if record is None and not is_mmrl_config(folder / CONFIG_NAME) and not (folder / LOCK_NAME).exists():
+            continue
+        top = rel.split("/")[0]
+        if is_run_file(top) or any(rel == r or rel.startswith(r + "/") for r in record or ()):
+            return folder
+    return None
 
 
 def trained_task(run_dir: str | Path) -> tuple[str, dict[str, Any]] | None:
