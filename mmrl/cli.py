@@ -58,8 +58,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, section: str, obj: Any,
         if f.name in skip or (only is not None and f.name not in only):
             continue
         default = getattr(obj, f.name)
+        text = f"{f.metadata['help']} " if "help" in f.metadata else ""  # a field's own words, where it has them
         group.add_argument(f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
-                           metavar=type(default).__name__.upper(), help=f"(default: {default!r})")
+                           metavar=type(default).__name__.upper(), help=f"{text}(default: {default!r})")
 
 
 def split_open_flags(extra: list[str], sections: set[str]) -> dict[str, str]:

@@ -33,7 +33,7 @@ from mmrl.trainer.run_dir import is_mmrl_config, run_owning, trained_task
 log = logging.getLogger("mmrl")
 
 # The config fields evaluation reads (everything else in a --config YAML is accepted and has no effect here).
-EVAL_FIELDS = {"model": {"device", "threads", "min_pixels", "max_pixels"},
+EVAL_FIELDS = {"model": {"device", "threads", "min_pixels", "max_pixels", "trust_remote_code"},
                "rollout": {"max_new_tokens", "max_prompt_tokens", "max_episode_tokens", "generation_batch_size",
                            "sampler"},
                "run": {"seed", "eval_samples", "eval_temperature"}, "evaluation": {"sets"}}
@@ -119,8 +119,9 @@ def _main(argv: list[str] | None) -> None:
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     vision = load_vision(cfg, task)  # None for a text task
-    tokenizer = load_tokenizer(cfg.model.name)
-    model = load_model(cfg.model.name, device=pick_device(cfg.model.device))
+    tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
+    model = load_model(cfg.model.name, device=pick_device(cfg.model.device),
+                       trust_remote_code=cfg.model.trust_remote_code)
     if ckpt is not None:  # every weight, or a LoRA run's adapters added to the base
         model = load_policy_weights(model, state)
     model.eval()

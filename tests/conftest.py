@@ -12,6 +12,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MMRL_CACHE", str(REPO / ".cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
+# Every Ray a test starts is a one-machine Ray on loopback, as mmrl's own local launches (docs/security.md); Ray
+# reads this when it is imported, before any test module imports it.
+from mmrl.openrlhf.network import local_ray_options, single_machine_ray  # noqa: E402
+
+single_machine_ray()
 # `make test` runs the suite in pytest-xdist workers that share the machine's cores: each worker, and each command a
 # test starts, gets its share of threads instead of all of them.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -102,7 +107,7 @@ def ray_address(embedded_model_dir):
     largest layout of the runs), CPU slots for a placement bundle per GPU plus the PPO trainer actor."""
     ray = pytest.importorskip("ray")
     pytest.importorskip("deepspeed")
-    info = ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, object_store_memory=512 * 1024 ** 2)
+    info = ray.init(num_cpus=4, num_gpus=2, object_store_memory=512 * 1024 ** 2, **local_ray_options())
     try:
         yield info.address_info["gcs_address"]
     finally:

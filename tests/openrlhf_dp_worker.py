@@ -34,9 +34,11 @@ def run_rank(rank: int, world: int, port: int, name: str, out_dir: str) -> None:
 
         from mmrl.openrlhf.actor import adopt
         from mmrl.openrlhf.experience import MmrlExperienceMaker
+        from mmrl.openrlhf.strategy import host_rendezvous_store
 
     torch.set_num_threads(1)
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # see the gloo fixture in test_openrlhf_slow.py
+    hosted = host_rendezvous_store()  # on 127.0.0.1 only, as mmrl's strategy hosts it in a run  # noqa: F841
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     args = launch_args(out_dir, name, gpus=world, prompts=len(REWARDS_DP))
     batch = rollout_with_old_logprobs(tiny_policy(), REWARDS_DP)

@@ -9,9 +9,11 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import torch
+from listeners import exposed
 
 import mmrl.algos as algos
 
@@ -19,11 +21,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def rehearse(address: str, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    """Run the rehearsal; while it runs, every listener of this process's tree (the module's Ray, the run's driver,
+    its actors and their torch-distributed stores) must be on loopback (tests/listeners.py)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "mmrl.train", "--backend", "openrlhf", "--cluster.rehearsal", "true",
            "--cluster.ray_address", address, "--out", str(out), *flags]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    exposed_seen: set[str] = set()
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        outputs: list[str] = []
+        reader = threading.Thread(target=lambda: outputs.extend(proc.communicate(timeout=900)))
+        reader.start()
+        while reader.is_alive():
+            exposed_seen.update(exposed())
+            reader.join(timeout=1.0)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, *outputs)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert not exposed_seen, "listening beyond loopback:\n" + "\n".join(sorted(exposed_seen))
     return done
 
 

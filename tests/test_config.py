@@ -168,3 +168,14 @@ def test_task_options_keep_their_text_and_are_typed_by_the_task():
             get_task("arithmetic", **{option: value})
     with pytest.raises(ValueError, match="task.template must be text, got 5"):
         get_task("math", path="x.jsonl", template=5)
+
+
+def test_trust_remote_code_is_off_by_default_and_explained_in_help(capsys):
+    from mmrl.train import main
+
+    assert parse_config([]).model.trust_remote_code is False
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--model.trust_remote_code BOOL let transformers run Python code shipped with the model" in text
+    assert "(default: False)" in text.split("--model.trust_remote_code BOOL let", 1)[1][:300]

@@ -126,3 +126,17 @@ def test_dockerfiles_copy_only_what_exists(dockerfile):
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), f"{dockerfile.name}: COPY {source}: no such path"
                 assert source not in ignored, f"{dockerfile.name}: COPY {source} is excluded by .dockerignore"
+
+
+def _instructions(dockerfile: Path, name: str) -> list[str]:
+    lines = [ln.strip() for ln in dockerfile.read_text().splitlines() if not ln.lstrip().startswith("#")]
+    return [ln.split(None, 1)[1] for ln in lines if ln.upper().startswith(name + " ")]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_expose_no_port_and_run_as_a_user_who_is_not_root(dockerfile):
+    """Ray's GCS, dashboard and client ports run code for anyone who reaches them (docs/security.md): an image
+    publishes none of them, and its last USER is an unprivileged one."""
+    assert _instructions(dockerfile, "EXPOSE") == []
+    users = _instructions(dockerfile, "USER")
+    assert users and users[-1] not in ("root", "0", "0:0")

@@ -3,6 +3,7 @@ that does not exist is said to be one (for --model and --task.reward_model), a b
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -78,3 +79,34 @@ def test_a_broken_model_folder_is_one_line(tmp_path, embedded_model_dir):
             load(str(broken))
         assert "not a valid JSON file" in str(err.value) and "\n" not in str(err.value)
         assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+OWN_CODE = '''import os
+from pathlib import Path
+
+from transformers import Qwen2ForCausalLM
+
+Path(os.environ["MMRL_OWN_CODE_MARKER"]).touch()  # what a model's own code could do: anything
+
+
+class OwnModel(Qwen2ForCausalLM):
+    pass
+'''
+
+
+def test_a_models_own_code_runs_only_with_model_trust_remote_code(tmp_path, monkeypatch, embedded_model_dir):
+    from mmrl.train import parse_config
+
+    model = tmp_path / "own-code-model"
+    shutil.copytree(embedded_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_own.OwnModel"}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "modeling_own.py").write_text(OWN_CODE)
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("MMRL_OWN_CODE_MARKER", str(marker))
+    assert parse_config([]).model.trust_remote_code is False  # the default
+    # not trusted: transformers' own class of the model type loads the weights; the shipped file is never imported
+    assert type(load_model(str(model))).__name__ == "Qwen2ForCausalLM" and not marker.exists()
+    trusted = parse_config(["--model.trust_remote_code", "true"]).model.trust_remote_code
+    assert type(load_model(str(model), trust_remote_code=trusted)).__name__ == "OwnModel" and marker.exists()

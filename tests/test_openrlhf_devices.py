@@ -14,10 +14,12 @@ import pytest
 import torch
 
 from mmrl.openrlhf.launch import check_devices, resolve_launch
+from mmrl.openrlhf.network import local_ray_options
 from mmrl.openrlhf.rehearsal import gpu_note
 from mmrl.train import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
+DASHBOARD_PORT = 8265  # Ray's default
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
@@ -67,12 +69,33 @@ def test_an_unplaceable_layout_is_named_within_the_timeout():
     with openrlhf_importable():
         from mmrl.openrlhf.driver import wait_placed
 
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=100 * 1024 ** 2)
+    ray.init(num_cpus=2, num_gpus=1, object_store_memory=100 * 1024 ** 2, **local_ray_options())
     try:
         pg = placement_group([{"GPU": 1, "CPU": 1} for _ in range(2)], strategy="PACK")
         start = time.monotonic()
         with pytest.raises(ValueError, match=r"missing GPU \(needs 2, 1 free\)"):
             wait_placed(pg, timeout=2)
         assert time.monotonic() - start < 60
+    finally:
+        ray.shutdown()
+
+
+def test_a_local_ray_that_the_backend_starts_listens_on_loopback_only(tmp_path):
+    """What a rehearsal launch without cluster.ray_address starts (driver.start_ray): GCS, raylet, object manager,
+    agents and a worker actor, all on 127.0.0.1, with no dashboard (docs/security.md)."""
+    ray = pytest.importorskip("ray")
+    from listeners import exposed, listeners
+    from openrlhf_stubs import openrlhf_importable
+
+    with openrlhf_importable():
+        from mmrl.openrlhf.driver import start_ray
+
+    assert start_ray("", rehearsal_gpus=1)
+    try:
+        worker = ray.remote(num_cpus=1)(lambda: os.getpid())
+        pid = ray.get(worker.remote())
+        assert pid in {p for p, *_ in listeners()}  # the worker's own server is among those checked
+        assert not exposed(), "\n".join(exposed())
+        assert DASHBOARD_PORT not in {port for *_, port in listeners()}
     finally:
         ray.shutdown()

@@ -369,3 +369,64 @@ def test_completion_text_of_a_vision_prompt(tmp_path):
     query = processor.tokenizer.decode(list(prompt_ids) + response_ids, skip_special_tokens=False)
     assert prompt.count("<|image_pad|>") == 1 and query.count("<|image_pad|>") > 1
     assert completion_text(query, prompt, _special_tokens(path)) == response
+
+
+def model_with_its_own_code(embedded_model_dir, tmp_path):
+    """A copy of the embedded model's configs whose config.json names code of its own (auto_map)."""
+    model = tmp_path / "own-code-model"
+    model.mkdir()
+    for f in embedded_model_dir.iterdir():
+        if f.suffix == ".json" or f.name.startswith("tokenizer"):
+            (model / f.name).write_bytes(f.read_bytes())
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_own.OwnModel"}
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_a_model_with_its_own_code_launches_only_when_trusted(tmp_path, embedded_model_dir):
+    """OpenRLHF's loaders always pass trust_remote_code=True: the launcher enforces model.trust_remote_code."""
+    model = model_with_its_own_code(embedded_model_dir, tmp_path)
+    base = ["--backend", "openrlhf", "--out", str(tmp_path / "run"), *SMALL_CLUSTER, "--model", str(model)]
+    with pytest.raises(ValueError) as err:
+        resolve_launch(parse_config(base), write=False)
+    assert "config.json name it under auto_map" in str(err.value) and "--model.trust_remote_code true" in \
+        str(err.value) and "\n" not in str(err.value)
+    args = resolve_launch(parse_config([*base, "--model.trust_remote_code", "true"]), write=False).args
+    assert args.mmrl["trust_remote_code"] is True
+    plain = resolve_launch(parse_config(base[:-2]), write=False).args
+    assert plain.mmrl["trust_remote_code"] is False  # the rehearsal's rollout actors follow it
+
+
+def test_dry_run_of_an_image_task_checks_the_model_family(tmp_path, capsys, embedded_model_dir):
+    from mmrl.train import main
+
+    flags = ["--backend", "openrlhf", "--dry-run", "--task", "grounding", "--out", str(tmp_path / "run"),
+             *SMALL_CLUSTER]
+    assert main([*flags, "--model", str(embedded_model_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not a Qwen-VL model" in err and "'grounding' has images" in err and len(err.splitlines()) == 1
+    # a hub id that is not in the local cache: the dry run says, in one line, what it could not check
+    assert main([*flags, "--model", "nobody-here/no-such-vl-model"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: model:")]
+    assert len(notes) == 1 and "did not check its family" in notes[0] and "offline" in notes[0]
+
+
+def test_secret_flags_of_cluster_extra_are_masked_in_the_launch_and_config_json(tmp_path, capsys,
+                                                                                embedded_model_dir):
+    from mmrl.openrlhf.args import is_secret
+    from mmrl.openrlhf.launch import describe
+
+    extra = '{"--logger.wandb.key": "wk-123456", "actor.entropy_coef": 0.0}'
+    cfg = parse_config(["--backend", "openrlhf", "--out", str(tmp_path), *SMALL_CLUSTER, "--cluster.extra", extra])
+    launch = resolve_launch(cfg, write=False)
+    assert launch.args.logger.wandb.key == "wk-123456"  # OpenRLHF still gets the value
+    text = describe(cfg, launch)
+    assert "wk-123456" not in text and "--logger.wandb.key '***'" in text and "--actor.entropy_coef 0.0" in text
+    assert "set it in WANDB_API_KEY instead" in text
+    _, owner = prepare(openrlhf_cfg(tmp_path / "run", "--cluster.extra", extra))  # what a real launch writes
+    owner.lock.release()
+    saved = (tmp_path / "run" / "config.json").read_text()
+    assert "wk-123456" not in saved and json.loads(saved)["cluster"]["extra"]["--logger.wandb.key"] == "***"
+    assert [f for f in ("data.input_key", "rollout.max_new_tokens", "ckpt.best_metric_key", "logger.wandb.key",
+                        "api_secret", "hub_token") if is_secret(f)] == ["logger.wandb.key", "api_secret", "hub_token"]

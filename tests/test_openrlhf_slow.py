@@ -21,6 +21,7 @@ from openrlhf_stubs import openrlhf_importable
 import mmrl.algos as algos
 from mmrl.batch import Group, Response, collate
 from mmrl.openrlhf.launch import resolve_launch
+from mmrl.openrlhf.network import local_ray_options
 from mmrl.rewards.base import RewardResult
 from mmrl.train import parse_config
 from mmrl.trainer.rollout import response_logprobs
@@ -35,7 +36,7 @@ with openrlhf_importable():
 
     from mmrl.openrlhf.actor import adopt
     from mmrl.openrlhf.experience import MmrlExperienceMaker
-    from mmrl.openrlhf.strategy import MmrlDeepspeedStrategy
+    from mmrl.openrlhf.strategy import AGENT_STORE_ENV, MmrlDeepspeedStrategy, host_rendezvous_store
 
 pytestmark = pytest.mark.slow
 N, PROMPT = 4, 3  # group size, prompt tokens
@@ -144,6 +145,8 @@ def gloo_world_of_one():
                            "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
             mp.setenv(key, value)
         mp.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", False)
+        mp.setenv(AGENT_STORE_ENV, "")  # restored after the module; host_rendezvous_store sets it
+        hosted = host_rendezvous_store()  # on 127.0.0.1 only, as mmrl's strategy hosts it in a run  # noqa: F841
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
         yield
         torch.distributed.destroy_process_group()
@@ -230,7 +233,7 @@ def test_ray_schedules_the_policy_actors_on_declared_gpus(tmp_path, embedded_mod
     tests = str(Path(__file__).parent)
     # No GPU here: Ray is told there are two, and each worker installs the flash_attn/vllm stand-ins before
     # importing OpenRLHF (its set-up hook).
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, runtime_env={
+    ray.init(num_cpus=2, num_gpus=2, **local_ray_options(), runtime_env={
         "worker_process_setup_hook": "openrlhf_stubs.install",
         "env_vars": {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}})
     try:

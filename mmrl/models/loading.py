@@ -71,12 +71,12 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def load_tokenizer(spec: str):
+def load_tokenizer(spec: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     where = loadable(spec)  # its own one-line errors (not found, offline) are not wrapped again
     try:
-        tok = AutoTokenizer.from_pretrained(where)
+        tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:  # a broken config.json / tokenizer file: one line, not chained tracebacks
         raise ValueError(f"model: cannot load the tokenizer of {spec!r}: {first_line(exc)}") from None
     if tok.pad_token is None:
@@ -85,9 +85,10 @@ def load_tokenizer(spec: str):
     return tok
 
 
-def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               trust_remote_code: bool = False):
     """A causal LM (or a Qwen-VL image-text-to-text model) on ``device``. Raises ValueError with one line when the
-    spec cannot be loaded."""
+    spec cannot be loaded. ``trust_remote_code``: the model's own code may run (``model.trust_remote_code``)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from mmrl.vision.family import family_of
@@ -95,20 +96,20 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str | torc
     where = loadable(spec)
     auto = AutoModelForImageTextToText if family_of(where) is not None else AutoModelForCausalLM
     try:
-        model = auto.from_pretrained(where, dtype=dtype)
+        model = auto.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ValueError(f"model: cannot load {spec!r}: {first_line(exc)}") from None
     return model.to(device)
 
 
 def load_vision_processor(spec: str, min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS,
-                          encode_once: bool = True) -> VisionProcessor:
+                          encode_once: bool = True, trust_remote_code: bool = False) -> VisionProcessor:
     """The `VisionProcessor` of ``spec``; a text-only model is a one-line error (a task with images needs Qwen-VL)."""
     where, gguf = resolve(spec)
     if gguf:
         raise ValueError(f"model: {spec!r} is a GGUF file; tasks with images need a Qwen-VL checkpoint "
                          "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
     try:
-        return VisionProcessor.from_pretrained(where, min_pixels, max_pixels, encode_once)
+        return VisionProcessor.from_pretrained(where, min_pixels, max_pixels, encode_once, trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ValueError(f"model: cannot load the processor of {spec!r}: {first_line(exc)}") from None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,62 @@ def merge_extra(flags: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
         merged[str(key).lstrip("-")] = value
     return merged
+
+
+# Flags whose value is a credential: the last word of the flag's name (``logger.wandb.key``, ``hub_token``,
+# ``api_secret``). The data section's ``*_key`` flags and ``ckpt.best_metric_key`` name dataset columns and metrics.
+SECRET_WORDS = ("key", "token", "secret", "password")
+NOT_SECRET_SECTIONS = ("data.",)
+NOT_SECRET = {"ckpt.best_metric_key"}
+MASK = "***"
+# where the tools behind OpenRLHF read their credentials when no flag gives them
+SECRET_ENV = {"logger.wandb.key": "WANDB_API_KEY"}
+
+
+def is_secret(flag: str) -> bool:
+    name = str(flag).lstrip("-").lower()
+    if name in NOT_SECRET or name.startswith(NOT_SECRET_SECTIONS):
+        return False
+    return re.split(r"[_\-]", name.rsplit(".", 1)[-1])[-1] in SECRET_WORDS
+
+
+def masked_extra(extra: dict[str, Any]) -> dict[str, Any]:
+    """``cluster.extra`` as it may be shown or saved: the value of each secret flag replaced by ``***``."""
+    return {key: MASK if is_secret(key) else value for key, value in extra.items()}
+
+
+def unmasked_extra(extra: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(``cluster.extra`` without the values a saved ``config.json`` masked, one line per flag left out): a resumed
+    run reads its saved config, where a secret is ``***``, never the value."""
+    kept = {k: v for k, v in extra.items() if not (is_secret(k) and v == MASK)}
+    return kept, [f"cluster.extra: {str(k).lstrip('-')} was masked in the saved config.json and is left out; set "
+                  f"{SECRET_ENV.get(str(k).lstrip('-').lower(), 'the environment variable its tool reads')} to give "
+                  f"it" for k in extra if k not in kept]
+
+
+def secret_warnings(extra: dict[str, Any]) -> list[str]:
+    """One line per secret flag of ``cluster.extra``: where the value belongs instead of a flag."""
+    lines = []
+    for key in extra:
+        if is_secret(key):
+            name = str(key).lstrip("-")
+            env = SECRET_ENV.get(name.lower(), "the environment variable its tool reads")
+            lines.append(f"cluster.extra: {name} is a secret; it is masked ({MASK}) in this launch and in config.json, "
+                         f"but a flag's value can still be seen by other users of this machine: set it in "
+                         f"{env} instead")
+    return lines
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """The argument list with the value(s) of each secret flag replaced by ``***`` (for printing only)."""
+    out, hiding = [], False
+    for arg in argv:
+        if arg.startswith("--"):
+            hiding = is_secret(arg)
+            out.append(arg)
+        else:
+            out.append(MASK if hiding else arg)
+    return out
 
 
 def command_line(argv: list[str], indent: str = "    ") -> str:

@@ -15,7 +15,7 @@ import ray
 from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor
 from ray.util.placement_group import placement_group
 
-from mmrl.openrlhf import compat, rehearsal
+from mmrl.openrlhf import compat, network, rehearsal
 from mmrl.openrlhf.actor import MmrlPolicyModelRayActor
 from mmrl.openrlhf.strategy import make_strategy
 
@@ -26,14 +26,19 @@ COLOCATED_GPU_FRACTION = 0.2
 DEFAULT_PLACEMENT_TIMEOUT = 300.0  # seconds (cluster.placement_timeout)
 
 
-def start_ray(address: str, rehearsal_gpus: int = 0, job_env: dict[str, str] | None = None) -> bool:
+def start_ray(address: str, rehearsal_gpus: int = 0, job_env: dict[str, str] | None = None,
+              dashboard: bool = False) -> bool:
     """Connect to Ray (``address``) or start a local one; True when this call started it. A local Ray is told its
-    devices: the GPUs torch sees, or in a rehearsal the ``rehearsal_gpus`` the layout declares."""
+    devices: the GPUs torch sees, or in a rehearsal the ``rehearsal_gpus`` the layout declares. It listens on
+    loopback only, with a dashboard only when asked (:mod:`mmrl.openrlhf.network`)."""
     if ray.is_initialized():
         return False
     env = {k: os.environ.get(k, v) for k, v in (("TOKENIZERS_PARALLELISM", "true"), ("NCCL_DEBUG", "WARN"),
                                                  ("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"))}
     env.update(job_env or {})
+    if not address:
+        network.single_machine_ray()
+        env = network.local_job_env(env)
     # every worker fixes OpenRLHF's ZeRO-3 loading for the installed transformers before it loads a model
     runtime_env: dict[str, Any] = {"env_vars": env, "worker_process_setup_hook": compat.SETUP_HOOK}
     resources: dict[str, Any] = {}
@@ -45,6 +50,8 @@ def start_ray(address: str, rehearsal_gpus: int = 0, job_env: dict[str, str] | N
         import torch
 
         resources = {"num_gpus": torch.cuda.device_count()}
+    if not address:
+        resources.update(network.local_ray_options(dashboard))
     ray.init(address=address or None, runtime_env=runtime_env, **resources)
     return True
 
@@ -105,7 +112,7 @@ def create_engines(args, pg):
 
 
 def run(args, ray_address: str = "", rehearsal_mode: bool = False,
-        placement_timeout: float = DEFAULT_PLACEMENT_TIMEOUT) -> None:
+        placement_timeout: float = DEFAULT_PLACEMENT_TIMEOUT, dashboard: bool = False) -> None:
     """Train to the end: models on their GPUs, OpenRLHF's ``fit`` loop, the final model saved by rank 0. In a
     rehearsal, the same on declared devices with HF rollout actors (:mod:`mmrl.openrlhf.rehearsal`)."""
     from mmrl.openrlhf.trainer import MmrlPPOTrainerRayActor
@@ -116,7 +123,7 @@ def run(args, ray_address: str = "", rehearsal_mode: bool = False,
     job_env = {"MMRL_ENV_WORKERS": str(workers)} if workers else {}
     # run.wandb: OpenRLHF's W&B logger reads these in its trainer actor (see mmrl.trainer.loggers.openrlhf_flags)
     job_env.update({k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR") if k in os.environ})
-    started = start_ray(ray_address, needed if rehearsal_mode else 0, job_env)
+    started = start_ray(ray_address, needed if rehearsal_mode else 0, job_env, dashboard)
     try:
         check_gpus(needed, rehearsal_mode)
         strategy = make_strategy(args)

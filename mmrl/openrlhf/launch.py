@@ -27,9 +27,13 @@ from mmrl.openrlhf.args import (
     build_flags,
     check_layout,
     command_line,
+    mask_argv,
+    masked_extra,
     merge_extra,
     optimizer_steps,
+    secret_warnings,
     to_argv,
+    unmasked_extra,
 )
 from mmrl.openrlhf.cli import check_supported, parse_openrlhf_args
 from mmrl.openrlhf.data import count_images, export_rows
@@ -88,6 +92,7 @@ class Launch:
     notes: list[str]  # warnings OpenRLHF printed while checking the arguments
     files: dict[str, str]  # generated files (written by write_files, unless dry run)
     write_files: Callable[[], None] = lambda: None  # writes ``files``
+    checks: list[str] = dataclasses.field(default_factory=list)  # notes: what the dry run could not check here
 
 
 def algorithm_spec(cfg: TrainConfig, algo: algos.Algorithm) -> dict[str, Any]:
@@ -102,9 +107,11 @@ def algorithm_spec(cfg: TrainConfig, algo: algos.Algorithm) -> dict[str, Any]:
 def run_spec(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     """What the actors need of the run beside the objective: where ``metrics.jsonl`` goes and whether it continues an
     earlier run's lines, the step budget (rollout steps, and optimizer steps: the lr schedule's length), and the env
-    pool size of multi-turn rollouts (``rollout.env_workers``)."""
+    pool size of multi-turn rollouts (``rollout.env_workers``), and whether the rehearsal's rollout actors may run the
+    model's own code (``model.trust_remote_code``)."""
     return {"metrics_path": str(out / "metrics.jsonl"), "resume": cfg.run.resume, "steps": cfg.run.steps,
-            "optimizer_steps": optimizer_steps(cfg), "env_workers": cfg.rollout.env_workers}
+            "optimizer_steps": optimizer_steps(cfg), "env_workers": cfg.rollout.env_workers,
+            "trust_remote_code": cfg.model.trust_remote_code}
 
 
 def check_devices(cfg: TrainConfig) -> str | None:
@@ -128,6 +135,33 @@ def model_path(spec: str) -> str:
         raise ValueError(f"model: the openrlhf backend needs a Hugging Face model directory or hub id; {spec!r} is "
                          f"GGUF, which OpenRLHF's DeepSpeed actors and vLLM do not load")
     return str(Path(where).resolve()) if Path(where).exists() else where
+
+
+def check_model(cfg: TrainConfig, path: str, images: bool, write: bool) -> list[str]:
+    """The model's own code (OpenRLHF's loaders always trust it, so ``model.trust_remote_code`` is enforced here)
+    and, for a task with images, its family, as the local backend checks them. A dry run reads the configs offline
+    and says in one line what it could not check; a launch may fetch them (a few small files) and refuses without."""
+    from mmrl.models.remote_code import check_custom_code, read_configs
+    from mmrl.vision.family import detect_family
+
+    configs = read_configs(path, download=write)
+    if configs is None:
+        what = "its family (the task has images) or whether it ships its own code" if images else \
+            "whether it ships its own code"
+        if not write:
+            return [f"model: {cfg.model.name!r} has no config.json here offline (not a folder, not in the Hugging "
+                    f"Face cache), so the dry run did not check {what}; the launch will"]
+        if not cfg.model.trust_remote_code:
+            unknown = what.replace(" or ", " and ")
+            raise ValueError(f"model: cannot read the config of {cfg.model.name!r} here (not a folder, not in the "
+                             f"Hugging Face cache, hub unreachable), so {unknown} is unknown; download it first "
+                             f"(hf download {cfg.model.name})")
+        return []
+    check_custom_code(cfg.model.name, configs, cfg.model.trust_remote_code)
+    if images and detect_family(configs["config.json"]) is None:
+        raise ValueError(f"model: {cfg.model.name!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); task "
+                         f"{cfg.task.name!r} has images")
+    return []
 
 
 def agent_file(task_name: str) -> str:
@@ -199,6 +233,7 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
         eval_rows = []  # the sets replace the task's held-out split
     most = max((count_images(r) for r in [*train_rows, *eval_rows, *(x for v in set_rows.values() for x in v)]),
                default=0)
+    checks = check_model(cfg, path, most > 0, write)
     inputs = LaunchInputs(model_path=path, train_data=files["train"], eval_data=files["eval"],
                           reward_func=files["reward_func"], agent_func=agent, train_rows=len(task.train),
                           max_images=most, batches_per_step=1 + algo.resampling().max_rounds,
@@ -206,7 +241,9 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     flags = build_flags(cfg, inputs, spec["kl_coef"] if spec["uses_reference"] else 0.0, str(out))
     if cfg.cluster.rehearsal:
         flags = merge_extra(flags, REHEARSAL_FLAGS)
-    flags = merge_extra(flags, cfg.cluster.extra)
+    extra, dropped = unmasked_extra(cfg.cluster.extra)
+    flags = merge_extra(flags, extra)
+    checks += secret_warnings(extra) + dropped
     argv = to_argv(flags)
     args, notes = parse_openrlhf_args(argv)
     check_supported(args)
@@ -227,7 +264,7 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
         write_files()
     spec["eval_sets"] = [set_spec(s, files[f"eval_{s.name}"], s.max_new_tokens(cfg)) for s in eval_sets]
     args.mmrl = {**spec, **run_spec(cfg, out)}
-    return Launch(argv, args, notes, files, write_files)
+    return Launch(argv, args, notes, files, write_files, checks)
 
 
 def prepare(cfg: TrainConfig, dry_run: bool = False) -> tuple[Launch, RunDir | None]:
@@ -244,7 +281,9 @@ def prepare(cfg: TrainConfig, dry_run: bool = False) -> tuple[Launch, RunDir | N
             owner.clear_previous()
         owner.record(*run_files(cfg))
         resolved.write_files()
-        owner.record_config(cfg, owner.step)  # written once, atomically; a resume appends its changes instead
+        saved = cfg.to_dict()
+        saved["cluster"]["extra"] = masked_extra(cfg.cluster.extra)  # no credential in a file others may read
+        owner.record_config(cfg, owner.step, saved)  # written once, atomically; a resume appends its changes instead
     except BaseException:
         owner.abandon()
         raise
@@ -258,11 +297,11 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
         "actor, PPO trainer, experience maker and loss are mmrl.openrlhf's subclasses)",
         f"objective: {spec['algo']} {json.dumps(spec['params'])}",
         f"task: {cfg.task.name} {json.dumps(cfg.task.options)}",
-        f"ray: {cfg.cluster.ray_address or 'local (ray.init())'}",
+        f"ray: {cfg.cluster.ray_address or 'local (ray.init(), listening on 127.0.0.1 only)'}",
         *(["mode: CPU rehearsal (HF rollout actors behind the vLLM interface, gloo weight sync, sdpa; "
            "docs/cluster.md)"] if cfg.cluster.rehearsal else []),
         "arguments (parsed and checked by OpenRLHF's train_ppo_ray parser):",
-        "    " + command_line(launch.argv),
+        "    " + command_line(mask_argv(launch.argv)),
         "files: " + ", ".join(f"{k}={v}" for k, v in launch.files.items() if v),
     ]
     for s in spec.get("eval_sets", []):
@@ -270,6 +309,7 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
         lines.append(f"evaluation set {s['name']}: {s['samples']} per problem, {sampling}, "
                      f"{s['max_new_tokens']} new tokens, {s['metric']}")
     lines += [f"openrlhf: {note}" for note in launch.notes]
+    lines += [f"note: {check}" for check in launch.checks]
     return "\n".join(lines)
 
 
@@ -294,11 +334,16 @@ def _start(cfg: TrainConfig, resolved: Launch) -> None:
     if cfg.run.wandb:  # OpenRLHF's W&B logger reads these in its Ray actors (see mmrl.trainer.loggers.openrlhf_flags)
         os.environ["WANDB_MODE"] = wandb_mode()
         os.environ.setdefault("WANDB_DIR", str(out))
+    if not cfg.cluster.ray_address:  # before the driver imports Ray: the Ray it starts listens on loopback only
+        from mmrl.openrlhf.network import single_machine_ray
+
+        single_machine_ray()
     if cfg.cluster.rehearsal:  # the driver imports OpenRLHF's launcher, which imports vLLM and flash-attn names
         from mmrl.openrlhf.rehearsal import install_stand_ins
 
         install_stand_ins()
     from mmrl.openrlhf.driver import run
 
-    run(resolved.args, cfg.cluster.ray_address, cfg.cluster.rehearsal, cfg.cluster.placement_timeout)
+    run(resolved.args, cfg.cluster.ray_address, cfg.cluster.rehearsal, cfg.cluster.placement_timeout,
+        cfg.cluster.dashboard)
     print(f"run directory: {out} (model/, checkpoints/" + (", tensorboard/" if cfg.run.tensorboard else "") + ")")

@@ -122,7 +122,7 @@ def local_resources(declared_gpus: int) -> dict[str, Any]:
     """``ray.init`` resources of a local rehearsal: the declared GPUs, and a CPU slot per placement bundle plus the
     trainer actor (logical slots: Ray schedules by them, the OS shares the real cores)."""
     return {"num_gpus": declared_gpus, "num_cpus": max(os.cpu_count() or 1, declared_gpus + 2),
-            "include_dashboard": False, "object_store_memory": 512 * 1024 ** 2}
+            "object_store_memory": 512 * 1024 ** 2}
 
 
 def gpu_note() -> str | None:

@@ -44,35 +44,39 @@ log = logging.getLogger("mmrl.openrlhf")
 SHARED_GPU_FRACTION = 0.2  # OpenRLHF's share of a colocated GPU bundle per engine
 
 
-def load_generation_model(path: str):
-    """(model in fp32 eval mode, processor or None): a vision-language checkpoint gets its processor for images."""
+def load_generation_model(path: str, trust_remote_code: bool = False):
+    """(model in fp32 eval mode, processor or None): a vision-language checkpoint gets its processor for images.
+    ``trust_remote_code``: the run's ``model.trust_remote_code``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
-    config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+    trust = {"trust_remote_code": trust_remote_code}
+    config = AutoConfig.from_pretrained(path, **trust)
     if getattr(config, "vision_config", None) is not None:
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-        return model.eval(), AutoProcessor.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa",
+                                                            **trust)
+        return model.eval(), AutoProcessor.from_pretrained(path, **trust)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa", **trust)
     return model.eval(), None
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
 class HFRolloutActor(RolloutRayActor.__ray_actor_class__):
     def __init__(self, *args: Any, model: str, seed: int, run_dir: str, agent_func_path: str | None = None,
                  remote_rm_url: str | None = None, mm_pad_token_ids: set | None = None,
-                 enable_sleep_mode: bool = False, **ignored: Any) -> None:
+                 enable_sleep_mode: bool = False, trust_remote_code: bool = False, **ignored: Any) -> None:
         # OpenRLHF's __init__ starts a vLLM engine; everything else it sets up is repeated here
         self.executor = _load_agent_executor(agent_func_path) if agent_func_path else \
             SingleTurnAgentExecutor(remote_rm_url)
         self._mm_pad_token_ids = mm_pad_token_ids
         torch.manual_seed(seed)
-        self.model, self.processor = load_generation_model(model)
-        self.tokenizer = self.processor.tokenizer if self.processor is not None else load_tokenizer(model)
+        self.model, self.processor = load_generation_model(model, trust_remote_code)
+        self.tokenizer = (self.processor.tokenizer if self.processor is not None else
+                          load_tokenizer(model, trust_remote_code))
         self.run_dir = run_dir
         self.sleeping = False
         self.unfinished = 0
@@ -187,11 +191,12 @@ def create_rollout_actors(args, shared_pg, run_dir: str) -> list:
     if not shared:
         shared_pg = placement_group([{"GPU": 1, "CPU": 1} for _ in range(args.vllm.num_engines)], strategy="PACK")
     fraction = SHARED_GPU_FRACTION if shared else 1
+    trust = bool(args.mmrl.get("trust_remote_code", False))  # the run's model.trust_remote_code
     mm_pad: set = set()
     if args.data.max_images_per_prompt > 0:
         from transformers import AutoProcessor
 
-        processor = AutoProcessor.from_pretrained(args.actor.model_name_or_path, trust_remote_code=True)
+        processor = AutoProcessor.from_pretrained(args.actor.model_name_or_path, trust_remote_code=trust)
         mm_pad = {t for t in (getattr(processor, "image_token_id", None), getattr(processor, "video_token_id", None))
                   if t is not None}
     engines = [HFRolloutRayActor.options(
@@ -201,7 +206,7 @@ def create_rollout_actors(args, shared_pg, run_dir: str) -> list:
                                                              placement_group_bundle_index=i),
     ).remote(model=args.actor.model_name_or_path, seed=args.train.seed + i, run_dir=run_dir,
              agent_func_path=args.train.agent_func_path, remote_rm_url=args.reward.remote_url,
-             mm_pad_token_ids=mm_pad, enable_sleep_mode=args.vllm.enable_sleep)
+             mm_pad_token_ids=mm_pad, enable_sleep_mode=args.vllm.enable_sleep, trust_remote_code=trust)
         for i in range(args.vllm.num_engines)]
     if args.vllm.enable_sleep:
         ray.get([e.sleep.remote() for e in engines])

@@ -8,16 +8,31 @@ Changes happen before DeepSpeed builds the optimizer, which is the only point wh
   leaves them out of DeepSpeed's optimizer (no update, no optimizer state, no ZeRO partition for them);
 * without CUDA (the CPU tests), DeepSpeed's fused Adam cannot build: ``torch_adam`` selects torch's AdamW.
 
+Before DeepSpeed joins its process group, rank 0 hosts the group's rendezvous store on ``MASTER_ADDR`` only
+(:func:`host_rendezvous_store`): torch's own store would listen on every interface of the machine.
+
 The strategy object is created on the driver and pickled into every Ray actor, so these apply on every rank.
 """
 
 from __future__ import annotations
 
+import os
+from datetime import timedelta
+from typing import Any
+
 import torch
+import torch.distributed as dist
 from openrlhf.models import Actor
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
 from mmrl import moe
+from mmrl.openrlhf.network import bound_listener
+
+# torch's contract for a store someone else hosts: with it, the env:// rendezvous at MASTER_ADDR:MASTER_PORT makes
+# every rank a client instead of starting a server on rank 0
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+# the hosted stores of this process, alive as long as it is (a module global: the strategy itself is pickled)
+HOSTED: list[tuple[Any, Any]] = []
 
 
 def prepare_policy(model: torch.nn.Module, freeze_router: bool) -> None:
@@ -31,7 +46,29 @@ def prepare_policy(model: torch.nn.Module, freeze_router: bool) -> None:
         moe.freeze_routers(model)
 
 
+def host_rendezvous_store() -> tuple[Any, Any] | None:
+    """On rank 0 of a group set up from ``MASTER_ADDR`` / ``MASTER_PORT`` (OpenRLHF's actor groups set them):
+    (listening socket, store) serving the group's rendezvous on exactly ``MASTER_ADDR``, kept alive by the caller.
+    Every rank, rank 0 included, then joins it as a client. None on the other ranks, or without those variables."""
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not address or not port:
+        return None
+    os.environ[AGENT_STORE_ENV] = str(True)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    listener = bound_listener(address, int(port))
+    store = dist.TCPStore(address, int(port), is_master=True, wait_for_workers=False,
+                          master_listen_fd=listener.fileno())
+    return listener, store
+
+
 class MmrlDeepspeedStrategy(DeepspeedStrategy):
+    def setup_distributed(self, timeout: timedelta = timedelta(minutes=60)) -> None:
+        hosted = host_rendezvous_store()
+        if hosted is not None:
+            HOSTED.append(hosted)
+        super().setup_distributed(timeout)
+
     def _ds_init_train_model(self, model, cfg: dict):
         spec = getattr(self.args, "mmrl", None) or {}
         prepare_policy(model.model if isinstance(model, Actor) else model, bool(spec.get("freeze_router")))

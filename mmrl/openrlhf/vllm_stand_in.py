@@ -21,12 +21,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib.machinery
+import socket
 import types
 import uuid
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from mmrl.openrlhf.network import bound_listener
 
 VERSION = "0+mmrl.rehearsal"  # not a vLLM release: OpenRLHF only compares versions on its nccl path, unused here
 SYNC_TIMEOUT = datetime.timedelta(minutes=10)
@@ -84,17 +87,21 @@ class RequestOutput:
 
 @dataclasses.dataclass
 class StatelessProcessGroup:
-    """A rendezvous of its own: a ``TCPStore`` that rank 0 (the policy) hosts, outside DeepSpeed's default group."""
+    """A rendezvous of its own: a ``TCPStore`` that rank 0 (the policy) hosts, outside DeepSpeed's default group.
+    As vLLM's own class, rank 0 listens on ``host`` only (the node address Ray gave it), not on every interface."""
 
     store: Any
     rank: int
     world_size: int
+    host: str = ""  # the address rank 0 is reached at; the gloo group's own sockets listen there too
+    listener: socket.socket | None = None  # rank 0's listening socket, owned here for the store's lifetime
 
     @staticmethod
     def create(host: str, port: int, rank: int, world_size: int) -> StatelessProcessGroup:
+        listener = bound_listener(host, port) if rank == 0 else None
         store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=SYNC_TIMEOUT,
-                              wait_for_workers=False)
-        return StatelessProcessGroup(store, rank, world_size)
+                              wait_for_workers=False, master_listen_fd=listener.fileno() if listener else None)
+        return StatelessProcessGroup(store, rank, world_size, host, listener)
 
 
 class PyNcclCommunicator:
@@ -102,8 +109,13 @@ class PyNcclCommunicator:
 
     def __init__(self, group: StatelessProcessGroup, device: Any = None) -> None:
         self.rank, self.world_size = group.rank, group.world_size
+        self.stateless_group = group  # holds rank 0's listening socket: the store serves as long as the group lives
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = SYNC_TIMEOUT
+        # gloo's sockets on the group's own address, not on whatever the machine's host name resolves to
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=group.host)]
         self.group = dist.ProcessGroupGloo(dist.PrefixStore("mmrl-weight-sync", group.store), group.rank,
-                                           group.world_size, SYNC_TIMEOUT)
+                                           group.world_size, options)
 
     def broadcast(self, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
         options = dist.BroadcastOptions()

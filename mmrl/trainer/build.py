@@ -76,7 +76,7 @@ def load_vision(cfg: TrainConfig, task: Task | EnvTask):
     if not task_has_images(task):
         return None
     vision = load_vision_processor(cfg.model.name, cfg.model.min_pixels, cfg.model.max_pixels,
-                                   cfg.model.share_image_features)
+                                   cfg.model.share_image_features, cfg.model.trust_remote_code)
     check_prompts(task, vision, cfg.rollout.max_prompt_tokens)
     return vision
 
@@ -92,7 +92,8 @@ def pick_device(name: str) -> torch.device:
 def load_policy(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     """The policy ``model.name``: float32 master weights on ``device``, dropout off. Its tokenizer is
     ``mmrl.models.load_tokenizer(cfg.model.name)``."""
-    model = load_model(cfg.model.name, dtype=torch.float32, device=device)
+    model = load_model(cfg.model.name, dtype=torch.float32, device=device,
+                       trust_remote_code=cfg.model.trust_remote_code)
     disable_dropout(model)  # π_old and π_θ must be the same function at the first update
     return model
 

@@ -36,6 +36,9 @@ class ModelConfig:
     min_pixels: int = 3136  # vision: qwen-vl-utils resize floor per image (56 × 56)
     max_pixels: int = 401_408  # vision: resize ceiling per image (512 tokens at patch 14; R1-V / Visual-RFT setting)
     share_image_features: bool = True  # vision: run the vision tower once per prompt, not once per response
+    trust_remote_code: bool = dataclasses.field(default=False, metadata={"help": (
+        "let transformers run Python code shipped with the model (auto_map in its config files); only for a model "
+        "whose code you have read (docs/security.md)")})
 
 
 @dataclasses.dataclass
@@ -171,6 +174,8 @@ class ClusterConfig:
     # accelerator, gloo weight sync (docs/cluster.md); defaults to 1 node x 1 "GPU" x 1 engine
     rehearsal: bool = False
     placement_timeout: float = 300.0  # seconds to wait for Ray to place the actors before naming what is missing
+    # a local Ray's dashboard, on 127.0.0.1 only (reach it through an ssh tunnel; docs/security.md); off by default
+    dashboard: bool = False
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # raw OpenRLHF flags, {"actor.aux_loss_coef": 0}
 
 

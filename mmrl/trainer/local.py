@@ -644,7 +644,7 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
     torch.manual_seed(cfg.run.seed)
     device = pick_device(cfg.model.device)
     vision = load_vision(cfg, task)  # None for a text task
-    tokenizer = load_tokenizer(cfg.model.name)
+    tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
     renderer = TurnRenderer(tokenizer, task.system_prompt) if task.multi_turn else None
     if task.multi_turn:
         check_episode_budget(task, renderer, cfg)

@@ -377,11 +377,13 @@ class RunDir:
             log.warning("run.out_dir %s: left %s (not written by an mmrl run)", self.path, _shown(self.left, 6))
         return removed
 
-    def record_config(self, cfg: TrainConfig, step: int) -> None:
-        """A fresh run writes ``config.json`` (atomically); a resume appends its safe changes to ``resumes.jsonl``."""
+    def record_config(self, cfg: TrainConfig, step: int, saved: dict[str, Any] | None = None) -> None:
+        """A fresh run writes ``config.json`` (atomically; ``saved`` when given, e.g. with credentials masked, else
+        the whole config); a resume appends its safe changes to ``resumes.jsonl``."""
         if not cfg.run.resume:
             self.record(CONFIG_NAME)
-            atomic_write_text(self.path / CONFIG_NAME, json.dumps(cfg.to_dict(), indent=2, default=str))
+            text = json.dumps(cfg.to_dict() if saved is None else saved, indent=2, default=str)
+            atomic_write_text(self.path / CONFIG_NAME, text)
             return
         self.record(CONFIG_NAME, *([RESUMES_NAME] if self.changes else []))  # a resumed run's config is its own
         if self.changes:

@@ -24,11 +24,11 @@ def pixel_budget(model: str) -> tuple[VisionFamily, int, int, int]:
     OpenRLHF's VLM path resizes with (it passes no size of its own). Cached: one config/processor read per model."""
     from transformers import AutoConfig, AutoImageProcessor
 
-    family = detect_family(AutoConfig.from_pretrained(model))
+    family = detect_family(AutoConfig.from_pretrained(model, trust_remote_code=False))  # Qwen-VL: built in
     if family is None:
         raise ValueError(f"model: {model!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
     try:
-        processor = AutoImageProcessor.from_pretrained(model)
+        processor = AutoImageProcessor.from_pretrained(model, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ValueError(f"model: cannot load the image processor of {model!r}: {exc}") from exc
     size = getattr(processor, "size", None) or {}

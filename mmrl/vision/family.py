@@ -48,6 +48,7 @@ def family_of(spec_dir: str) -> VisionFamily | None:
     from transformers import AutoConfig
 
     try:
-        return detect_family(AutoConfig.from_pretrained(spec_dir))
+        # the family is the config's model_type: reading it never needs the model's own code
+        return detect_family(AutoConfig.from_pretrained(spec_dir, trust_remote_code=False))
     except (OSError, ValueError):  # not loadable as a config here: the model loader reports it with one line
         return None

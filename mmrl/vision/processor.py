@@ -67,14 +67,14 @@ class VisionProcessor:
 
     @classmethod
     def from_pretrained(cls, where: str, min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS,
-                        encode_once: bool = True) -> VisionProcessor:
+                        encode_once: bool = True, trust_remote_code: bool = False) -> VisionProcessor:
         from transformers import AutoConfig, AutoProcessor
 
-        family = detect_family(AutoConfig.from_pretrained(where))
+        family = detect_family(AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code))
         if family is None:
             raise ValueError(f"model: {where!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
         try:
-            processor = AutoProcessor.from_pretrained(where)
+            processor = AutoProcessor.from_pretrained(where, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as exc:
             raise ValueError(f"model: cannot load the processor of {where!r}: {exc}") from exc
         return cls(processor, family, min_pixels, max_pixels, encode_once)
