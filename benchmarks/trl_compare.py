@@ -34,9 +34,21 @@ The two runs are the same algorithm with the same settings; each equivalence, as
   clip 1.0 (TRL ``lr_scheduler_type="constant"``; its default is linear decay).
 * Precision and memory settings: float32 on the CPU on both (TRL ``bf16=False``, ``gradient_checkpointing=False``: its
   defaults are True for both), dropout off on both (TRL ``disable_dropout=True``; mmrl always).
-* Reward: the task's own reward (math-verify accuracy on ``<answer>N</answer>``), called by TRL as a reward function.
+* Reward: the task's own reward (math-verify accuracy on ``<answer>N</answer>`` + 0.5 × the answer-tag format: one
+  tag and nothing after it), called by TRL as a reward function.
 * Seeds: the run seed goes to ``torch.manual_seed`` (mmrl) and ``GRPOConfig.seed`` (TRL); the two runs sample
   different tokens all the same, so reward curves are compared over several seeds, not step by step.
+
+Tested, not only read: tests/test_trl_equivalence.py feeds one batch sampled by mmrl (the same prompts and token
+ids, some ended by EOS, some cut at the cap) through TRL's ``GRPOTrainer`` built from these same settings
+(:func:`mmrl_overrides`, :func:`trl_arguments`); the loss mask (EOS included, nothing after it), rewards,
+advantages, loss and clipped gradient are TRL's own, and the gradients agree to float tolerance.
+
+With accuracy alone as the reward (``--task.format_weight 0``), text after ``</answer>`` costs nothing: a response
+that stops and one that runs on to the 12-token cap score alike, and runs can drift until every response runs to the cap
+(``truncated`` in the JSON), losing held-out accuracy; TRL's trainer does not pull a drifted model back either
+(docs/benchmarks.md). That is the reward's property, not a trainer's; the format term is what teaches the model to
+stop.
 
 What differs by design: mmrl re-scores the batch once without gradient for π_old (every mmrl objective may read
 ``old_logprobs``, e.g. CW-GRPO's weights), whereas TRL with ``num_iterations=1`` takes π_old = π_θ.detach() and skips

@@ -7,8 +7,8 @@ non-empty ``<answer>`` tag and nothing after it).
 
 Why the format term is on by default (0.5): accuracy reads the answer tag and ignores what follows it, so with a
 12-token budget a correct ``<answer>4</answer>`` and ``<answer>4</answer>4</answer>6`` cut at the cap score alike.
-Nothing then teaches the model to stop, and GRPO drifts into responses that run to the cap (in TRL's
-``GRPOTrainer`` as in mmrl, whose updates are equal on the same batch), losing held-out accuracy on the way.
+Nothing then teaches the model to stop: GRPO runs drift into responses that run to the cap and lose held-out
+accuracy, and TRL's ``GRPOTrainer`` (whose update equals mmrl's on the same batch) does not pull them back either.
 
 The chat is the bare question by default (what the embedded model was pre-trained on); ``system_prompt`` and
 ``one_shot`` (a solved training problem as an example turn) make it one a real instruct model follows, and are what a
