@@ -34,9 +34,21 @@ The two runs are the same algorithm with the same settings; each equivalence, as
   clip 1.0 (TRL ``lr_scheduler_type="constant"``; its default is linear decay).
 * Precision and memory settings: float32 on the CPU on both (TRL ``bf16=False``, ``gradient_checkpointing=False``: its
   defaults are True for both), dropout off on both (TRL ``disable_dropout=True``; mmrl always).
-* Reward: the task's own reward (math-verify accuracy on ``<answer>N</answer>``), called by TRL as a reward function.
+* Reward: the task's own reward (math-verify accuracy on ``<answer>N</answer>`` + 0.5 × the answer-tag format: one
+  tag and nothing after it), called by TRL as a reward function.
 * Seeds: the run seed goes to ``torch.manual_seed`` (mmrl) and ``GRPOConfig.seed`` (TRL); the two runs sample
   different tokens all the same, so reward curves are compared over several seeds, not step by step.
+
+Tested, not only read: tests/test_trl_equivalence.py feeds one batch sampled by mmrl (the same prompts and token
+ids, some ended by EOS, some cut at the cap) through TRL's ``GRPOTrainer`` built from these same settings
+(:func:`mmrl_overrides`, :func:`trl_arguments`); the loss mask (EOS included, nothing after it), rewards,
+advantages, loss and clipped gradient are TRL's own, and the gradients agree to float tolerance.
+
+With accuracy alone as the reward (``--task.format_weight 0``), text after ``</answer>`` costs nothing: a response
+that stops and one that runs on to the 12-token cap score alike, and runs can drift until every response runs to the cap
+(``truncated`` in the JSON), losing held-out accuracy; TRL's trainer does not pull a drifted model back either
+(docs/benchmarks.md). That is the reward's property, not a trainer's; the format term is what teaches the model to
+stop.
 
 What differs by design: mmrl re-scores the batch once without gradient for π_old (every mmrl objective may read
 ``old_logprobs``, e.g. CW-GRPO's weights), whereas TRL with ``num_iterations=1`` takes π_old = π_θ.detach() and skips
@@ -74,6 +86,58 @@ def current_rss_mb() -> float:
 # ----------------------------------------------------------------------------------------------- mmrl worker
 
 
+def mmrl_overrides(s: dict[str, Any], seed: int, out_dir: str) -> dict[str, Any]:
+    """mmrl's config of the comparison (the equivalences to :func:`trl_arguments` are listed in the docstring)."""
+    return {
+        "run.progress": False, "run.plot": False, "run.checkpoint_every": 0, "run.overwrite": True,
+        "run.out_dir": out_dir, "run.seed": seed, "run.steps": s["steps"],
+        "algo.name": "grpo", "algo.std_eps": 1e-4, "algo.clip_low": 0.2, "algo.clip_high": 0.2,
+        "rollout.prompts_per_step": s["prompts"], "rollout.samples_per_prompt": s["group"],
+        "rollout.max_new_tokens": s["max_new_tokens"], "rollout.temperature": s["temperature"],
+        "rollout.top_p": 1.0, "rollout.generation_batch_size": s["prompts"] * s["group"],
+        "optim.lr": s["lr"], "optim.epochs": 1, "optim.minibatches": 1, "optim.micro_batch_size": 0,
+        "optim.grad_clip": 1.0, "optim.weight_decay": 0.0, "optim.warmup_steps": 0, "optim.schedule": "constant",
+    }
+
+
+def trl_arguments(s: dict[str, Any], seed: int, out_dir: str) -> dict[str, Any]:
+    """TRL's ``GRPOConfig`` arguments of the comparison."""
+    return dict(
+        output_dir=out_dir, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+        use_cpu=True, bf16=False, gradient_checkpointing=False, disable_dropout=True, seed=seed,
+        max_steps=s["steps"], per_device_train_batch_size=s["prompts"] * s["group"], gradient_accumulation_steps=1,
+        num_generations=s["group"], max_completion_length=s["max_new_tokens"],
+        temperature=s["temperature"], top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
+        learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
+        loss_type="grpo", scale_rewards="group", beta=0.0, num_iterations=1, epsilon=0.2,
+        mask_truncated_completions=False, shuffle_dataset=True, dataloader_num_workers=0,
+    )
+
+
+def task_reward(task, stop: set[int], step_log: dict[str, float]):
+    """The task's own reward as a TRL reward function, on TRL's decoded completions; it also records the step's tokens,
+    reward, accuracy and the fraction of responses that ran to the length cap (no stop token: TRL cuts each one after
+    its first) into ``step_log``."""
+
+    def reward(completions, completion_ids, answer, problem, **kwargs) -> list[float]:
+        texts = [c[0]["content"] for c in completions]
+        results = task.reward(texts, [{"answer": a, "problem": p} for a, p in zip(answer, problem, strict=True)])
+        scores = [r.score for r in results]
+        step_log.update(tokens=float(sum(len(ids) for ids in completion_ids)), reward=statistics.mean(scores),
+                        accuracy=statistics.mean(r.components.get(task.accuracy_key, 0.0) >= 1.0 for r in results),
+                        truncated=statistics.mean(not stop.intersection(ids) for ids in completion_ids))
+        return scores
+
+    reward.__name__ = task.name  # TRL names the reward's metrics after the function
+    return reward
+
+
+def trl_rows(task) -> list[dict[str, Any]]:
+    """The task's training split as TRL's conversational dataset rows."""
+    return [{"prompt": row["messages"], "answer": row["answer"], "problem": row["problem"]} for row in task.train]
+
+
 def mmrl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir: str) -> None:
     import torch
 
@@ -82,16 +146,7 @@ def mmrl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir
 
     torch.set_num_threads(threads)
     s = settings
-    cfg = resolve_config([({
-        "run.progress": False, "run.plot": False, "run.checkpoint_every": 0, "run.overwrite": True,
-        "run.out_dir": out_dir, "run.seed": seed, "run.steps": s["steps"],
-        "algo.name": "grpo", "algo.std_eps": 1e-4, "algo.clip_low": 0.2, "algo.clip_high": 0.2,
-        "rollout.prompts_per_step": s["prompts"], "rollout.samples_per_prompt": s["group"],
-        "rollout.max_new_tokens": s["max_new_tokens"], "rollout.temperature": s["temperature"],
-        "rollout.top_p": 1.0, "rollout.generation_batch_size": s["prompts"] * s["group"],
-        "optim.lr": s["lr"], "optim.epochs": 1, "optim.minibatches": 1, "optim.micro_batch_size": 0,
-        "optim.grad_clip": 1.0, "optim.weight_decay": 0.0, "optim.warmup_steps": 0,
-    }, "trl_compare")])
+    cfg = resolve_config([(mmrl_overrides(s, seed, out_dir), "trl_compare")])
     t0 = time.perf_counter()
     trainer = build_trainer(cfg)
     conn.send({"ready": True, "build_s": time.perf_counter() - t0, "rss_mb": current_rss_mb()})
@@ -102,7 +157,8 @@ def mmrl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir
         wall = time.perf_counter() - start
         n = s["prompts"] * s["group"]
         conn.send({"wall_s": wall, "tokens": record["response_length"] * n, "reward": record["reward"],
-                   "accuracy": record["accuracy"], "generation_s": record["generation_time"]})
+                   "accuracy": record["accuracy"], "truncated": record["truncated_frac"],
+                   "generation_s": record["generation_time"]})
     conn.send({"peak_rss_mb": peak_rss_mb()})
 
 
@@ -118,20 +174,12 @@ def trl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir:
 
     from mmrl.models import EMBEDDED_NAME, load_model, load_tokenizer
     from mmrl.tasks import get_task
+    from mmrl.trainer.rollout import eos_ids
 
     torch.set_num_threads(threads)
     s = settings
     task = get_task("arithmetic")
     step_log: dict[str, float] = {}
-
-    def arithmetic_reward(completions, completion_ids, answer, problem, **kwargs) -> list[float]:
-        """The task's own reward on TRL's decoded completions; also records the step's tokens and accuracy."""
-        texts = [c[0]["content"] for c in completions]
-        results = task.reward(texts, [{"answer": a, "problem": p} for a, p in zip(answer, problem, strict=True)])
-        scores = [r.score for r in results]
-        step_log.update(tokens=float(sum(len(ids) for ids in completion_ids)), reward=statistics.mean(scores),
-                        accuracy=statistics.mean(r.components.get(task.accuracy_key, 0.0) >= 1.0 for r in results))
-        return scores
 
     class LockStep(TrainerCallback):
         """Waits for the coordinator before every step and reports each step's wall time (TRL's whole step: data,
@@ -155,25 +203,14 @@ def trl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir:
             if not self._wait():
                 control.should_training_stop = True
 
-    rows = [{"prompt": row["messages"], "answer": row["answer"], "problem": row["problem"]} for row in task.train]
-    batch = s["prompts"] * s["group"]
-    args = GRPOConfig(
-        output_dir=out_dir, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-        use_cpu=True, bf16=False, gradient_checkpointing=False, disable_dropout=True, seed=seed,
-        max_steps=s["steps"], per_device_train_batch_size=batch, gradient_accumulation_steps=1,
-        num_generations=s["group"], max_completion_length=s["max_new_tokens"],
-        temperature=s["temperature"], top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
-        learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
-        loss_type="grpo", scale_rewards="group", beta=0.0, num_iterations=1, epsilon=0.2,
-        mask_truncated_completions=False, shuffle_dataset=True, dataloader_num_workers=0,
-    )
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     model = load_model(EMBEDDED_NAME, dtype=torch.float32, device=torch.device("cpu"))
-    trainer = GRPOTrainer(model=model, processing_class=load_tokenizer(EMBEDDED_NAME),
-                          reward_funcs=arithmetic_reward, train_dataset=Dataset.from_list(rows), args=args,
-                          callbacks=[LockStep()])
+    tokenizer = load_tokenizer(EMBEDDED_NAME)
+    reward = task_reward(task, set(eos_ids(tokenizer, model)), step_log)
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward,
+                          train_dataset=Dataset.from_list(trl_rows(task)),
+                          args=GRPOConfig(**trl_arguments(s, seed, out_dir)), callbacks=[LockStep()])
     trainer.remove_callback(PrinterCallback)  # its per-step log lines would drown the table
     conn.send({"ready": True, "build_s": time.perf_counter() - t0, "rss_mb": current_rss_mb()})
     trainer.train()  # the coordinator's "stop" after the last step ends it (and max_steps would)
@@ -226,6 +263,7 @@ def run_seed(settings: dict[str, Any], seed: int, threads: int, out_root: Path) 
 def summarise(side_runs: list[dict[str, Any]], head: int, tail: int) -> dict[str, float]:
     walls = [r["wall_s"] for run in side_runs for r in run["steps"]]
     tokens = [r["tokens"] for run in side_runs for r in run["steps"]]
+    last = [r for run in side_runs for r in run["steps"][-tail:]]
     return {
         "steps_per_s": len(walls) / sum(walls),
         "median_step_s": statistics.median(walls),
@@ -233,9 +271,28 @@ def summarise(side_runs: list[dict[str, Any]], head: int, tail: int) -> dict[str
         "peak_rss_mb": max(run["peak_rss_mb"] for run in side_runs),
         "rss_after_build_mb": max(run["rss_after_build_mb"] for run in side_runs),
         "reward_first": statistics.mean(r["reward"] for run in side_runs for r in run["steps"][:head]),
-        "reward_last": statistics.mean(r["reward"] for run in side_runs for r in run["steps"][-tail:]),
-        "accuracy_last": statistics.mean(r["accuracy"] for run in side_runs for r in run["steps"][-tail:]),
+        "reward_last": statistics.mean(r["reward"] for r in last),
+        "accuracy_last": statistics.mean(r["accuracy"] for r in last),
+        # runs saved before truncation was recorded have none
+        "truncated_last": statistics.mean(r.get("truncated", float("nan")) for r in last),
+        "tokens_per_step_last": statistics.mean(r["tokens"] for r in last),
     }
+
+
+def learning_by_seed(runs: list[dict[str, Any]], tail: int) -> dict[str, Any]:
+    """Per seed, each side's mean reward, truncated fraction and tokens per step over the last ``tail`` steps; and the
+    paired mmrl - TRL reward difference over seeds with its standard error (the seeds are the independent units: the
+    two sides draw different tokens, so single steps are not comparable)."""
+    per_seed = {}
+    for run in runs:
+        m = {side: summarise([run["sides"][side]], 1, tail) for side in SIDES}
+        per_seed[str(run["seed"])] = {side: {k: m[side][k] for k in ("reward_last", "truncated_last",
+                                                                      "tokens_per_step_last")} for side in SIDES}
+    diffs = [v["mmrl"]["reward_last"] - v["trl"]["reward_last"] for v in per_seed.values()]
+    trunc = [v["mmrl"]["truncated_last"] - v["trl"]["truncated_last"] for v in per_seed.values()]
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    return {"tail_steps": tail, "per_seed": per_seed, "reward_diff_mean": statistics.mean(diffs),
+            "reward_diff_se": se, "truncated_diff_mean": statistics.mean(trunc)}
 
 
 def paired_ratios(runs: list[dict[str, Any]]) -> list[float]:
@@ -248,30 +305,42 @@ def paired_ratios(runs: list[dict[str, Any]]) -> list[float]:
 def report(result: dict[str, Any], out_root: Path) -> None:
     """Print the table and write the JSON and the PNG of a finished comparison."""
     s, runs = result["settings"], result["runs"]
-    head, tail = 5, min(20, s["steps"])
+    head, tail = 5, min(50, s["steps"])
     summary = {side: summarise([run["sides"][side] for run in runs], head, tail) for side in SIDES}
     ratio = summary["mmrl"]["steps_per_s"] / summary["trl"]["steps_per_s"]
     pairs = paired_ratios(runs)
     per_seed = {run["seed"]: statistics.median(paired_ratios([run])) for run in runs}
-    result.update(summary=summary, step_throughput_ratio=ratio, median_paired_ratio=statistics.median(pairs))
+    learning = learning_by_seed(runs, tail)
+    result.update(summary=summary, step_throughput_ratio=ratio, median_paired_ratio=statistics.median(pairs),
+                  learning=learning)
     print(f"\nembedded tiny Qwen2, arithmetic, GRPO, {s['steps']} steps x {s['prompts']} prompts x {s['group']} "
           f"samples, max {s['max_new_tokens']} new tokens, {result['threads']} thread(s), seeds {result['seeds']}, "
           f"TRL {result['trl']}")
     print(f"load average before {result['load_average_before'][0]:.2f}, after {result['load_average_after'][0]:.2f} "
           f"(1 min); {result['wall_s']:.0f} s in all")
     print(f"{'trainer':7s} {'steps/s':>8s} {'median s/step':>13s} {'gen tok/s':>9s} {'peak RSS MB':>11s} "
-          f"{'reward@first5':>13s} {'reward@last' + str(tail):>13s} {'acc@last' + str(tail):>10s}")
+          f"{'reward@first5':>13s} {'reward@last' + str(tail):>13s} {'acc@last' + str(tail):>10s} "
+          f"{'trunc@last' + str(tail):>12s}")
     for side in SIDES:
         m = summary[side]
         print(f"{side:7s} {m['steps_per_s']:8.3f} {m['median_step_s']:13.3f} {m['tokens_per_s']:9.0f} "
               f"{m['peak_rss_mb']:11.0f} {m['reward_first']:13.3f} {m['reward_last']:13.3f} "
-              f"{m['accuracy_last']:10.3f}")
+              f"{m['accuracy_last']:10.3f} {m['truncated_last']:12.3f}")
     quartiles = statistics.quantiles(pairs, n=4)
     print(f"mmrl / TRL step throughput: {ratio:.2f}x over the whole run; median of the interleaved pairs "
           f"{statistics.median(pairs):.2f}x (quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}); per seed "
           + ", ".join(f"{seed}: {r:.2f}x" for seed, r in per_seed.items()))
+    print(f"last {tail} steps, per seed (mmrl / TRL): " + "; ".join(
+        f"{seed}: reward {v['mmrl']['reward_last']:.3f} / {v['trl']['reward_last']:.3f}, truncated "
+        f"{v['mmrl']['truncated_last']:.2f} / {v['trl']['truncated_last']:.2f}"
+        for seed, v in learning["per_seed"].items()))
+    print(f"mmrl - TRL reward, last {tail} steps, paired over seeds: {learning['reward_diff_mean']:+.3f} "
+          f"(standard error {learning['reward_diff_se']:.3f}); truncated fraction "
+          f"{learning['truncated_diff_mean']:+.3f}")
     out_root.mkdir(parents=True, exist_ok=True)
     (out_root / "trl_compare.json").write_text(json.dumps(result, indent=1))
+    compact = {k: v for k, v in result.items() if k != "runs"}  # the figures without the per-step records
+    (out_root / "trl_compare_summary.json").write_text(json.dumps(compact, indent=1))
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for i, side in enumerate(SIDES):
@@ -285,7 +354,8 @@ def report(result: dict[str, Any], out_root: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_root / "trl_compare.png", dpi=90)
-    print(f"wrote {out_root / 'trl_compare.json'} and {out_root / 'trl_compare.png'}")
+    print(f"wrote {out_root / 'trl_compare.json'}, {out_root / 'trl_compare_summary.json'} and "
+          f"{out_root / 'trl_compare.png'}")
 
 
 def main() -> None:

@@ -21,7 +21,20 @@ def test_arithmetic_split_is_disjoint_and_deterministic():
     x, y = row["problem"].split("+")
     assert int(row["answer"]) == int(x) + int(y)
     perfect = a.reward([f"<answer>{r['answer']}</answer>" for r in a.train], a.train)
-    assert all(r.score == 1.0 for r in perfect)
+    assert all(r.score == 1.5 for r in perfect)  # accuracy 1 + 0.5 x format 1
+
+
+def test_arithmetic_reward_scores_text_after_the_answer_below_a_clean_answer():
+    """Accuracy alone reads the answer tag and ignores what follows it; the default format term is what makes a
+    response that runs on after ``</answer>`` (to the length cap) worth less than one that stops."""
+    task = get_task("arithmetic")
+    row = task.train[0]
+    clean, trailing = task.reward([f"<answer>{row['answer']}</answer>", f"<answer>{row['answer']}</answer>4</answer>6"],
+                                  [row, row])
+    assert clean.components["math_accuracy"] == trailing.components["math_accuracy"] == 1.0
+    assert clean.score == 1.5 and trailing.score == 1.0 and trailing.reason == "text after </answer>"
+    unweighted = get_task("arithmetic", format_weight=0.0)
+    assert [r.score for r in unweighted.reward([f"<answer>{row['answer']}</answer>4"], [row])] == [1.0]
 
 
 def test_arithmetic_options_are_checked():

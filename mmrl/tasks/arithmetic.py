@@ -2,7 +2,13 @@
 
 ``a op b`` with operands in ``[0, max_operand]``. Every distinct problem is enumerated, shuffled with ``seed`` and
 split: ``eval_fraction`` of the problems are held out (never trained on), the rest train. The completion must be
-``<answer>N</answer>``; the reward is math-verify accuracy plus ``format_weight`` × the answer-tag format.
+``<answer>N</answer>``; the reward is math-verify accuracy plus ``format_weight`` × the answer-tag format (one
+non-empty ``<answer>`` tag and nothing after it).
+
+Why the format term is on by default (0.5): accuracy reads the answer tag and ignores what follows it, so with a
+12-token budget a correct ``<answer>4</answer>`` and ``<answer>4</answer>4</answer>6`` cut at the cap score alike.
+Nothing then teaches the model to stop: GRPO runs drift into responses that run to the cap and lose held-out
+accuracy, and TRL's ``GRPOTrainer`` (whose update equals mmrl's on the same batch) does not pull them back either.
 
 The chat is the bare question by default (what the embedded model was pre-trained on); ``system_prompt`` and
 ``one_shot`` (a solved training problem as an example turn) make it one a real instruct model follows, and are what a
@@ -37,7 +43,7 @@ def arithmetic_problems(max_operand: int = 9, ops: str = "+") -> list[tuple[int,
 
 @register_task("arithmetic", pretrained_options={"system_prompt": INSTRUCT_SYSTEM_PROMPT, "one_shot": True})
 def arithmetic_task(max_operand: int = 9, ops: str = "+", eval_fraction: float = 0.2, seed: int = 0,
-                    format_weight: float = 0.0, system_prompt: str = "", one_shot: bool = False) -> Task:
+                    format_weight: float = 0.5, system_prompt: str = "", one_shot: bool = False) -> Task:
     if max_operand < 1:
         raise ValueError(f"task.max_operand must be >= 1, got {max_operand}")
     if not 0 <= eval_fraction < 1:
@@ -49,7 +55,7 @@ def arithmetic_task(max_operand: int = 9, ops: str = "+", eval_fraction: float =
     example = (arithmetic_prompt(a, op, b), worked_answer(f"{a} {op} {b} = {c}", str(c))) if one_shot else None
     rows = [{"messages": chat(arithmetic_prompt(a, op, b), system_prompt, example), "answer": str(c),
              "problem": f"{a}{op}{b}"} for a, op, b, c in problems]
-    # The format part is always computed (weight 0 by default) so that the format rate is a metric.
+    # The format part is always computed (also at weight 0) so that the format rate is a metric.
     parts = [(get_reward("math_accuracy"), 1.0), (get_reward("answer_format"), format_weight)]
     return Task("arithmetic", train=rows[n_eval:], eval=rows[:n_eval], reward=weighted(parts, "arithmetic"),
                 accuracy_key="math_accuracy", format_key="answer_format",
