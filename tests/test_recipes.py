@@ -272,3 +272,25 @@ def test_gmpo_alfworld_recipe_rehearsal_step(ray_address, tmp_path):
     step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {"alfworld_valid_seen": 2})
     assert step["rollout/num_samples"] == 2 * 4
     assert sorted(p.name for p in (out / "rehearsal").glob("rank*_step1.pt")) == ["rank0_step1.pt", "rank1_step1.pt"]
+
+
+@pytest.mark.parametrize("gpus,rows,prompts,steps",
+                         [(None, None, 4, 2000), ("8", None, 16, 500), ("2", "8030", 4, 2007)])
+def test_gpg_geoqa_script_derives_the_batch_from_gpus(gpus, rows, prompts, steps):
+    """The GeoQA script's GPUS (default: the authors' R1-V/test.sh GPUS=2) sets the GPU count, the vLLM engines, the
+    prompts per step (1 prompt x 2 accumulation steps x GPUS) and the step count (one epoch of ROWS rows)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUS", "ROWS", "NODES")}
+    env.update({"PYTHON": sys.executable, **({"GPUS": gpus} if gpus else {}), **({"ROWS": rows} if rows else {})})
+    proc = subprocess.run(["bash", str(CLUSTER / "gpg_geoqa_qwen2.5-vl-3b.sh"), "--print-config"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = json.loads(proc.stdout)
+    n = int(gpus or 2)
+    assert (cfg["cluster"]["gpus_per_node"], cfg["cluster"]["vllm_engines"]) == (n, n)
+    assert (cfg["rollout"]["prompts_per_step"], cfg["run"]["steps"]) == (prompts, steps)
+    recipe = parse_config(["--config", str(CLUSTER / "gpg_geoqa_qwen2.5-vl-3b.yaml")])
+    assert (recipe.rollout.prompts_per_step, recipe.run.steps, recipe.cluster.gpus_per_node) == (4, 2000, 2)
