@@ -294,3 +294,27 @@ def test_gpg_geoqa_script_derives_the_batch_from_gpus(gpus, rows, prompts, steps
     assert (cfg["rollout"]["prompts_per_step"], cfg["run"]["steps"]) == (prompts, steps)
     recipe = parse_config(["--config", str(CLUSTER / "gpg_geoqa_qwen2.5-vl-3b.yaml")])
     assert (recipe.rollout.prompts_per_step, recipe.run.steps, recipe.cluster.gpus_per_node) == (4, 2000, 2)
+
+
+BASELINES = {"grpo_geoqa_qwen2.5-vl-3b": "gpg_geoqa_qwen2.5-vl-3b",
+             "grpo_math_qwen2.5-math-7b": "gvpo_math_qwen2.5-math-7b",
+             "grpo_openrs_r1-distill-qwen-1.5b": "cw_grpo_openrs_r1-distill-qwen-1.5b",
+             "grpo_alfworld_qwen2.5-1.5b-instruct": "gmpo_alfworld_qwen2.5-1.5b-instruct"}
+
+
+@pytest.mark.parametrize("baseline", sorted(BASELINES))
+def test_grpo_baseline_is_its_paper_recipe_but_for_the_objective(baseline):
+    paper = parse_config(["--config", str(CLUSTER / f"{BASELINES[baseline]}.yaml")])
+    grpo = parse_config(["--config", str(CLUSTER / f"{baseline}.yaml")])
+    assert grpo.algo.name == "grpo" and paper.algo.name != "grpo"
+    assert grpo.run.out_dir != paper.run.out_dir  # never writes into the paper run's directory
+    mine, theirs = dataclasses.asdict(grpo), dataclasses.asdict(paper)
+    for cfg in (mine, theirs):
+        cfg.pop("algo")
+        cfg["run"].pop("out_dir")
+    assert mine == theirs
+    def code(name: str) -> list[str]:  # the script's commands, its own recipe's name replaced
+        lines = (CLUSTER / f"{name}.sh").read_text().replace(name, "RECIPE").splitlines()
+        return [line for line in lines if not line.startswith("#")]
+
+    assert code(baseline) == code(BASELINES[baseline])  # the same launch (GPG's GPUS derivation included)
