@@ -9,7 +9,7 @@
 # GPUS: the authors' R1-V/test.sh exports GPUS=2 (one node) and run_grpo_GEOQA_qwen2.5_3b.sh starts GPUS processes.
 # Their global batch follows from it: --per_device_train_batch_size 1 prompt x --gradient_accumulation_steps 2 x GPUS
 # processes = 2 x GPUS prompts per optimizer step, and --num_train_epochs 1 makes ROWS // (2 x GPUS) steps (ROWS:
-# the training file's rows, printed by prepare_geoqa.py). GPUS=2: 4 prompts x ~2,000 steps; GPUS=8: 16 x ~500.
+# the training file's row count). GPUS=2: 4 prompts x ~2,000 steps; GPUS=8: 16 x ~500.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 gpus=${GPUS:-2}
