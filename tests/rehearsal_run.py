@@ -112,12 +112,18 @@ def check_statistics(out: Path, name: str, steps: int, group_size: int, params: 
         got_adv = torch.cat([(it["advantages"] * it["action_mask"]).sum(1) / it["action_mask"].sum(1).clamp(min=1)
                              for it in items])
         assert torch.allclose(got_adv.float(), advantages.float(), atol=1e-5), (name, step)
+        at = 0
         for share in shares.values():
             for it in share:
+                n = it["rewards"].numel()
                 for key, value in want.items():
                     if isinstance(value, (int, float)):
                         assert torch.allclose(it["stats"][key].double(), torch.tensor(float(value)).double(),
                                               rtol=1e-5, atol=1e-7), (name, step, key)
+                    else:  # a row statistic (e.g. of the sample's group): the sample's own value
+                        assert torch.allclose(it["row_stats"][key].double(), value[at:at + n].double(),
+                                              rtol=1e-5, atol=1e-7), (name, step, key)
+                at += n
         if name == "gvpo":  # whole groups, each on one rank
             owner = {}
             for rank, share in shares.items():

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mmrl.algos as algos
+from mmrl.algos.base import stats_for_rows
 from mmrl.algos.cw_grpo import covariance_stats, covariance_weights
 from mmrl.algos.gvpo import gvpo_weights
 
@@ -445,12 +446,72 @@ def test_cw_weights_have_mean_one_and_suppress_extreme_covariance():
 def test_cw_grpo_uses_whole_batch_statistics_in_minibatches():
     r, g, lp, old, mask = make_batch([1.0, 0.0, 0.0, 1.0, 0.3, 0.7, 0.2, 0.9], [0, 0, 0, 0, 1, 1, 1, 1],
                                      lengths=[6, 3, 5, 1, 2, 6, 4, 5])
-    algo = algos.get("cw_grpo")
+    algo = algos.get("cw_grpo", stats_scope="batch")
     adv = algo.advantages(r, g)
     stats = algo.batch_stats(r, g, adv, old, mask)
     whole = covariance_weights(old, adv, mask, stats)
     half = covariance_weights(old[4:], adv[4:], mask[4:], stats)
     torch.testing.assert_close(half, whole[4:])
+
+
+def _hand_weights(old: list[list[float]], adv: list[float], rows: list[int]) -> list[list[float]]:
+    """w̃ of cw-grpo.md §2.3 by hand over the tokens of ``rows`` (plain Python: means, population σ, kernel, N / Σw)."""
+    tokens = [(i, t) for i in rows for t in range(len(old[i]))]
+    n = len(tokens)
+    mean_lp = sum(old[i][t] for i, t in tokens) / n
+    mean_adv = sum(adv[i] for i, t in tokens) / n
+    c = {(i, t): (old[i][t] - mean_lp) * (adv[i] - mean_adv) for i, t in tokens}
+    c_mean = sum(c.values()) / n
+    sigma = math.sqrt(sum((v - c_mean) ** 2 for v in c.values()) / n)
+    w = {k: math.exp(-v * v / (2 * sigma * sigma)) for k, v in c.items()}
+    total = sum(w.values())
+    return [[w[i, t] * n / total for t in range(len(old[i]))] for i in rows]
+
+
+# two groups of two responses, lengths 3, 2 | 2, 3 (padding is -9, never read)
+CW_OLD = [[-0.2, -1.5, -0.7], [-2.0, -0.1, -9.0], [-0.4, -3.0, -9.0], [-1.0, -0.6, -2.2]]
+CW_REWARDS, CW_GROUPS, CW_LENGTHS = [1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1], [3, 2, 2, 3]
+
+
+@pytest.mark.parametrize("scope", ["group", "batch"])
+def test_cw_grpo_weights_equal_hand_computation_in_each_scope(scope):
+    """``group`` (the default): each prompt's responses are normalised on their own, w̃ = w·N/Σ_{j=1..G}Σ_k w_jk
+    as the paper writes it; ``batch``: over every token of the rollout batch. Each against the equation by hand,
+    through the objective's own path (batch_stats, then micro-batches of one group each)."""
+    algo = algos.get("cw_grpo", **({} if scope == "group" else {"stats_scope": scope}))
+    assert algo.stats_scope == scope
+    rewards, groups = torch.tensor(CW_REWARDS), torch.tensor(CW_GROUPS)
+    old = torch.tensor(CW_OLD, dtype=torch.float64)
+    mask = torch.tensor([[1.0] * n + [0.0] * (3 - n) for n in CW_LENGTHS], dtype=torch.float64)
+    adv = algo.advantages(rewards, groups).double()
+    stats = algo.batch_stats(rewards, groups, adv, old, mask)
+    hand_old = [row[:n] for row, n in zip(CW_OLD, CW_LENGTHS, strict=True)]
+    hand_adv = adv.tolist()
+    scopes = [[0, 1], [2, 3]] if scope == "group" else [[0, 1, 2, 3]]
+    want = {}
+    for rows in scopes:
+        want.update(dict(zip(rows, _hand_weights(hand_old, hand_adv, rows), strict=True)))
+    for rows in ([0, 1], [2, 3]):  # each micro-batch sees its rows of the statistics
+        index = torch.tensor(rows)
+        sub = stats_for_rows(stats, index)
+        token_adv, _ = algo.token_advantages(adv[index], old[index], old[index], mask[index], groups[index], sub)
+        for k, i in enumerate(rows):
+            got = (token_adv[k, :CW_LENGTHS[i]] / adv[i]).tolist()
+            assert got == pytest.approx(want[i], rel=1e-9), (scope, i)
+    if scope == "group":  # each group's weights average 1 over its own tokens
+        for rows in scopes:
+            assert sum(sum(want[i]) for i in rows) == pytest.approx(sum(CW_LENGTHS[i] for i in rows))
+
+
+def test_cw_grpo_scopes_differ_and_a_bad_scope_is_one_line():
+    r, g = torch.tensor(CW_REWARDS), torch.tensor(CW_GROUPS)
+    old = torch.tensor(CW_OLD)
+    mask = torch.tensor([[1.0] * n + [0.0] * (3 - n) for n in CW_LENGTHS])
+    by_group, _, _ = run("cw_grpo", r, g, old.clone().requires_grad_(True), old, mask)
+    by_batch, _, _ = run("cw_grpo", r, g, old.clone().requires_grad_(True), old, mask, stats_scope="batch")
+    assert float(by_group) != pytest.approx(float(by_batch))
+    with pytest.raises(ValueError, match="stats_scope must be one of group, batch, got 'prompt'"):
+        algos.get("cw_grpo", stats_scope="prompt")
 
 
 def test_cw_grpo_equals_grpo_when_covariance_vanishes():

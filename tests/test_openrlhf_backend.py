@@ -170,13 +170,26 @@ def test_experience_maker_advantages_and_statistics_equal_mmrls_on_the_whole_bat
     mask = torch.cat([torch.nn.functional.pad(s.action_mask.float(), (0, width - s.action_mask.shape[1]))
                       for s in samples])
     want = algo.batch_stats(rewards, group_ids, expected, old, mask)
-    got_stats = pop_mmrl_fields(experiences[0])[1]
-    assert got_stats == pytest.approx({k: v for k, v in want.items() if isinstance(v, (int, float))})
+    at, popped = 0, []
+    for e in experiences:  # numbers reach every sample as they are; row statistics travel with their samples
+        n = e.rewards.numel()
+        got_stats = pop_mmrl_fields(e)[1]
+        popped.append(got_stats)
+        assert set(got_stats) == set(want)
+        for key, value in want.items():
+            if isinstance(value, torch.Tensor):
+                torch.testing.assert_close(got_stats[key], value[at:at + n].double())
+            else:
+                assert got_stats[key] == pytest.approx(value)
+        at += n
+    got_stats = popped[0]
     if name == "gpg":  # α = B / (B - M) over the whole step, not over one experience (which holds one group here)
         assert got_stats["alpha"] == pytest.approx(24 / (24 - 8))
-    if name == "cw_grpo":  # the covariance moments are the whole batch's, not the first micro-batch's
+    if name == "cw_grpo":  # the default scope: each sample carries its own group's moments (cw-grpo.md §2.3)
         first = algo.batch_stats(rewards[:4], group_ids[:4], expected[:4], old[:4], mask[:4])
-        assert got_stats["cov_sigma"] != pytest.approx(first["cov_sigma"])
+        torch.testing.assert_close(got_stats["cov_sigma"], first["cov_sigma"])
+        whole = algos.get(name, stats_scope="batch").batch_stats(rewards, group_ids, expected, old, mask)
+        assert float(got_stats["cov_sigma"][0]) != pytest.approx(whole["cov_sigma"])
 
 
 def replay_buffer_items(experiences) -> list:

@@ -272,3 +272,49 @@ def test_gmpo_alfworld_recipe_rehearsal_step(ray_address, tmp_path):
     step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {"alfworld_valid_seen": 2})
     assert step["rollout/num_samples"] == 2 * 4
     assert sorted(p.name for p in (out / "rehearsal").glob("rank*_step1.pt")) == ["rank0_step1.pt", "rank1_step1.pt"]
+
+
+@pytest.mark.parametrize("gpus,rows,prompts,steps",
+                         [(None, None, 4, 2000), ("8", None, 16, 500), ("2", "8030", 4, 2007)])
+def test_gpg_geoqa_script_derives_the_batch_from_gpus(gpus, rows, prompts, steps):
+    """The GeoQA script's GPUS (default: the authors' R1-V/test.sh GPUS=2) sets the GPU count, the vLLM engines, the
+    prompts per step (1 prompt x 2 accumulation steps x GPUS) and the step count (one epoch of ROWS rows)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUS", "ROWS", "NODES")}
+    env.update({"PYTHON": sys.executable, **({"GPUS": gpus} if gpus else {}), **({"ROWS": rows} if rows else {})})
+    proc = subprocess.run(["bash", str(CLUSTER / "gpg_geoqa_qwen2.5-vl-3b.sh"), "--print-config"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = json.loads(proc.stdout)
+    n = int(gpus or 2)
+    assert (cfg["cluster"]["gpus_per_node"], cfg["cluster"]["vllm_engines"]) == (n, n)
+    assert (cfg["rollout"]["prompts_per_step"], cfg["run"]["steps"]) == (prompts, steps)
+    recipe = parse_config(["--config", str(CLUSTER / "gpg_geoqa_qwen2.5-vl-3b.yaml")])
+    assert (recipe.rollout.prompts_per_step, recipe.run.steps, recipe.cluster.gpus_per_node) == (4, 2000, 2)
+
+
+BASELINES = {"grpo_geoqa_qwen2.5-vl-3b": "gpg_geoqa_qwen2.5-vl-3b",
+             "grpo_math_qwen2.5-math-7b": "gvpo_math_qwen2.5-math-7b",
+             "grpo_openrs_r1-distill-qwen-1.5b": "cw_grpo_openrs_r1-distill-qwen-1.5b",
+             "grpo_alfworld_qwen2.5-1.5b-instruct": "gmpo_alfworld_qwen2.5-1.5b-instruct"}
+
+
+@pytest.mark.parametrize("baseline", sorted(BASELINES))
+def test_grpo_baseline_is_its_paper_recipe_but_for_the_objective(baseline):
+    paper = parse_config(["--config", str(CLUSTER / f"{BASELINES[baseline]}.yaml")])
+    grpo = parse_config(["--config", str(CLUSTER / f"{baseline}.yaml")])
+    assert grpo.algo.name == "grpo" and paper.algo.name != "grpo"
+    assert grpo.run.out_dir != paper.run.out_dir  # never writes into the paper run's directory
+    mine, theirs = dataclasses.asdict(grpo), dataclasses.asdict(paper)
+    for cfg in (mine, theirs):
+        cfg.pop("algo")
+        cfg["run"].pop("out_dir")
+    assert mine == theirs
+    def code(name: str) -> list[str]:  # the script's commands, its own recipe's name replaced
+        lines = (CLUSTER / f"{name}.sh").read_text().replace(name, "RECIPE").splitlines()
+        return [line for line in lines if not line.startswith("#")]
+
+    assert code(baseline) == code(BASELINES[baseline])  # the same launch (GPG's GPUS derivation included)

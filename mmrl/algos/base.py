@@ -94,8 +94,10 @@ class Algorithm(abc.ABC):
 
     * :meth:`advantages` runs once per rollout batch on the whole batch.
     * :meth:`batch_stats` runs once per rollout batch on the whole batch and returns statistics that the loss
-      needs from the *whole* batch rather than from one mini-batch (GPG's alpha, CW-GRPO's covariance moments).
-      A distributed backend all-reduces what it returns; the local trainer passes it straight on.
+      needs from the *whole* batch (or whole groups) rather than from one mini-batch (GPG's alpha, CW-GRPO's
+      covariance moments): each a number, or a ``[N]`` tensor with one value per response of the batch (a row
+      statistic, e.g. of the response's group). A loop hands each (micro-)batch the numbers as they are and the rows
+      of the row statistics it holds (:func:`stats_for_rows`).
     * :meth:`policy_loss` runs on every mini-batch and returns ``(scalar loss, metrics)``.
     """
 
@@ -160,6 +162,12 @@ class Algorithm(abc.ABC):
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
+
+def stats_for_rows(stats: dict[str, Any], rows: Tensor) -> dict[str, Any]:
+    """:meth:`Algorithm.batch_stats` of a whole batch as a sub-batch of its ``rows`` sees them: numbers as they are,
+    row statistics (``[N]`` tensors) cut to those rows."""
+    return {k: v[rows.to(v.device)] if isinstance(v, Tensor) else v for k, v in stats.items()}
 
 
 def check_batch(rewards: Tensor, group_ids: Tensor) -> None:

@@ -101,7 +101,7 @@ class GRPO(Algorithm):
         return float(mask.sum()) if self.loss_agg == "token_mean" else float(mask.shape[0])
 
     def token_advantages(self, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor,
-                         stats: dict[str, Any] | None) -> tuple[Tensor, Metrics]:
+                         group_ids: Tensor, stats: dict[str, Any] | None) -> tuple[Tensor, Metrics]:
         """Per-token advantage; CW-GRPO overrides this to reweight tokens."""
         return advantages[:, None].expand_as(logprobs), {}
 
@@ -109,7 +109,7 @@ class GRPO(Algorithm):
                     group_ids: Tensor, ref_logprobs: Tensor | None = None,
                     stats: dict[str, Any] | None = None) -> tuple[Tensor, Metrics]:
         mask = mask.to(logprobs.dtype)
-        token_adv, extra = self.token_advantages(advantages, logprobs, old_logprobs, mask, stats)
+        token_adv, extra = self.token_advantages(advantages, logprobs, old_logprobs, mask, group_ids, stats)
         token_loss, was_clipped, ratio = clipped_surrogate(logprobs, old_logprobs, token_adv, self.clip_low,
                                                            self.clip_high)
         metrics = {}

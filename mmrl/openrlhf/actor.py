@@ -29,7 +29,7 @@ from openrlhf.trainer.ppo_utils.experience import make_experience_batch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 import mmrl.algos as algos
-from mmrl.openrlhf.grouping import GROUP_KEY, STATS_PREFIX, loss_scale, whole_group_micro_batches
+from mmrl.openrlhf.grouping import GROUP_KEY, ROW_STATS_PREFIX, STATS_PREFIX, loss_scale, whole_group_micro_batches
 from mmrl.openrlhf.loss import MicroBatch, MmrlPolicyLoss
 
 
@@ -56,12 +56,15 @@ def _per_sample(value) -> torch.Tensor:
     return value.reshape(-1)
 
 
-def pop_mmrl_fields(experience) -> tuple[torch.Tensor, dict[str, float]]:
-    """Remove mmrl's bookkeeping from ``experience.info`` (so OpenRLHF does not log it): (group ids, statistics)."""
+def pop_mmrl_fields(experience) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Remove mmrl's bookkeeping from ``experience.info`` (so OpenRLHF does not log it): (group ids, statistics:
+    whole-batch ones as numbers, row statistics as this micro-batch's ``[B]`` values)."""
     group_ids = _per_sample(experience.info.pop(GROUP_KEY)).long()
-    stats = {}
+    stats: dict[str, Any] = {}
     for key in [k for k in experience.info if k.startswith(STATS_PREFIX)]:
         stats[key[len(STATS_PREFIX):]] = float(_per_sample(experience.info.pop(key))[0])
+    for key in [k for k in experience.info if k.startswith(ROW_STATS_PREFIX)]:
+        stats[key[len(ROW_STATS_PREFIX):]] = _per_sample(experience.info.pop(key)).to(torch.float64)
     return group_ids, stats
 
 

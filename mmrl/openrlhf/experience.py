@@ -11,7 +11,7 @@ so mmrl computes there, exactly as the local trainer does on the same batch:
 Communication: none beyond OpenRLHF's own traffic (rewards and π_old log-probs already come to this actor). The
 results travel inside the experiences OpenRLHF ships to the policy actors: the advantage in OpenRLHF's per-token
 layout, the group id and each statistic as one number per sample in ``Experience.info`` (bytes per sample: 8 + 8 per
-statistic; CW-GRPO: 4 statistics).
+statistic; CW-GRPO: 4 statistics, each sample's own group's by default).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 import mmrl.algos as algos
-from mmrl.openrlhf.grouping import GROUP_KEY, STATS_PREFIX, rollout_group_ids
+from mmrl.openrlhf.grouping import GROUP_KEY, ROW_STATS_PREFIX, STATS_PREFIX, rollout_group_ids
 
 
 def padded_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -64,6 +64,7 @@ class MmrlExperienceMaker(RemoteExperienceMaker):
         apply_length_penalties(experiences, self.args)  # only when OpenRLHF's overlong/stop penalties are asked for
         advantages, stats = whole_batch_advantages(self.algo, experiences)
         numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
+        rows = {k: v.reshape(-1).to(torch.float64) for k, v in stats.items() if isinstance(v, torch.Tensor)}
         at = 0
         for e in experiences:
             n = e.rewards.numel()
@@ -74,5 +75,7 @@ class MmrlExperienceMaker(RemoteExperienceMaker):
             e.info["return"] = e.rewards.clone()
             for key, value in numeric.items():
                 e.info[STATS_PREFIX + key] = torch.full((n,), value, dtype=torch.float64)
+            for key, value in rows.items():  # a row statistic travels with its sample
+                e.info[ROW_STATS_PREFIX + key] = value[at - n:at].clone()
             e.kl = None
         return experiences

@@ -21,6 +21,7 @@ import torch
 
 GROUP_KEY = "mmrl_group_id"  # Experience.info key of a sample's group id within its rollout step
 STATS_PREFIX = "mmrl_stat/"  # Experience.info keys of the objective's whole-batch statistics (one value per sample)
+ROW_STATS_PREFIX = "mmrl_row_stat/"  # ... of its row statistics (each sample's own value, e.g. its group's)
 
 
 def rollout_group_ids(n_samples: int, group_size: int) -> torch.Tensor:

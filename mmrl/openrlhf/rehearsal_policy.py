@@ -22,7 +22,7 @@ import ray
 import torch
 
 from mmrl.openrlhf.actor import MmrlPolicyModelActor
-from mmrl.openrlhf.grouping import GROUP_KEY, STATS_PREFIX
+from mmrl.openrlhf.grouping import GROUP_KEY, ROW_STATS_PREFIX, STATS_PREFIX
 from mmrl.openrlhf.rehearsal import LOG_DIR, append_record, weights_digest
 
 
@@ -69,7 +69,9 @@ class RehearsalPolicyModelActor(MmrlPolicyModelActor):
             "old_logprobs": experience.action_log_probs.clone(),
             "action_mask": experience.action_mask.clone(),
             "stats": {k[len(STATS_PREFIX):]: v.reshape(-1).clone() for k, v in experience.info.items()
-                      if k.startswith(STATS_PREFIX)}})
+                      if k.startswith(STATS_PREFIX)},
+            "row_stats": {k[len(ROW_STATS_PREFIX):]: v.reshape(-1).clone() for k, v in experience.info.items()
+                          if k.startswith(ROW_STATS_PREFIX)}})
         super().append(experience)
 
     def fit(self, kl_ctl: float = 0):

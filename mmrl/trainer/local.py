@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 import mmrl.algos as algos
 from mmrl import moe
+from mmrl.algos.base import stats_for_rows
 from mmrl.batch import Group, Response, RolloutBatch, collate
 from mmrl.errors import Interrupted, checkpoint_note
 from mmrl.models import load_tokenizer
@@ -378,7 +379,8 @@ class Trainer:
                     old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
                     loss, metrics = self.algo.policy_loss(
                         logprobs=logprobs, old_logprobs=old, advantages=sub.advantages,
-                        mask=sub.response_mask, group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs, stats=stats)
+                        mask=sub.response_mask, group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs,
+                        stats=stats_for_rows(stats, rows))
                     metrics = {**metrics, **router_metrics}
                     if not (torch.isfinite(loss) and torch.isfinite(torch.as_tensor(router_loss))):
                         finite = False  # NaN/inf never reaches the optimizer
