@@ -12,6 +12,13 @@ import secrets
 from pathlib import Path
 
 
+def is_temporary_of(name: str, target: str) -> bool:
+    """``name`` is what `atomic_write_text` of a file named ``target`` leaves if it is killed before the rename."""
+    prefix, suffix = f".{target}.", ".tmp"
+    middle = name[len(prefix):-len(suffix)] if name.startswith(prefix) and name.endswith(suffix) else ""
+    return len(middle) == 8 and all(c in "0123456789abcdef" for c in middle)
+
+
 def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
     """Replace ``path`` with ``text`` atomically (temporary file in the same folder, fsync, ``os.replace``). The
     file keeps its permissions; a new one gets the usual ones (0o666 less the umask)."""

@@ -57,3 +57,11 @@ def test_rewriting_a_runs_log_on_resume_never_leaves_it_half_written(tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no temporary file left behind
     MetricsLog(path, resume_step=3) if log == "metrics" else RunSamples(tmp_path, resume_step=3)
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2]
+
+
+def test_a_temporary_left_by_a_killed_rewrite_is_recognised_by_its_name(tmp_path):
+    from mmrl.files import is_temporary_of
+
+    assert is_temporary_of(".config.json.0a1b2c3d.tmp", "config.json")
+    assert not is_temporary_of(".config.json.tmp", "config.json")
+    assert not is_temporary_of(".config.json.0a1b2c3d.tmp", "metrics.jsonl")

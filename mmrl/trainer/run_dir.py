@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from mmrl.files import atomic_write_text
+from mmrl.files import atomic_write_text, is_temporary_of
 from mmrl.trainer.checkpoint import latest_checkpoint, remove_partial_writes
 from mmrl.trainer.config import TrainConfig, saved_overrides
 
@@ -281,7 +281,8 @@ def read_record(run_dir: Path) -> set[str] | None:
 
 
 # The directory's lock and record, and what an atomic rewrite of the record or config.json killed midway leaves.
-OWN_FILES = {LOCK_NAME, RECORD_NAME, f".{RECORD_NAME}.tmp", f".{CONFIG_NAME}.tmp"}
+def is_own_file(name: str) -> bool:
+    return name in (LOCK_NAME, RECORD_NAME) or any(is_temporary_of(name, f) for f in (RECORD_NAME, CONFIG_NAME))
 
 
 def unrecorded(run_dir: Path, record: set[str]) -> list[str]:
@@ -292,7 +293,7 @@ def unrecorded(run_dir: Path, record: set[str]) -> list[str]:
     def visit(folder: Path, prefix: str) -> None:
         for child in sorted(folder.iterdir()):
             rel = prefix + child.name
-            if rel in record or rel in OWN_FILES:
+            if rel in record or is_own_file(rel):
                 continue
             is_folder = child.is_dir() and not child.is_symlink()
             if is_folder and not any(child.iterdir()):  # nothing in it to lose or to leave
@@ -436,7 +437,7 @@ def _check_not_foreign(cfg: TrainConfig) -> set[str] | None:
     run_dir = cfg.out_dir
     entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
     record = read_record(run_dir) if entries else None
-    others = [name for name in entries if name not in OWN_FILES]
+    others = [name for name in entries if not is_own_file(name)]
     # a run's directory holds its record, mmrl's config.json (runs from before records) or, if that run was killed
     # before writing either, its lock file; files that only share a run's names (a user's metrics.jsonl) are not a run's
     ours = record is not None or is_mmrl_config(run_dir / CONFIG_NAME) or LOCK_NAME in entries
