@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from common import pyplot, smooth
+from summary import command_line, result_row, write_summary
 
 SIDES = ("trl", "mmrl")
 
@@ -302,6 +303,29 @@ def paired_ratios(runs: list[dict[str, Any]]) -> list[float]:
             for t, m in zip(run["sides"]["trl"]["steps"], run["sides"]["mmrl"]["steps"], strict=True)]
 
 
+def write_trl_summary(result: dict[str, Any], ratios: dict[int, float], out_root: Path) -> None:
+    """``<out>.json`` for docs/results.md: per seed, the paired reward and truncation differences over the last
+    steps, each side's reward, and the step-throughput ratio of the interleaved pairs."""
+    learning, s = result["learning"], result["settings"]
+    tail, seeds = learning["tail_steps"], learning["per_seed"]
+    rows = [
+        result_row("mmrl − TRL", f"mean reward, last {tail} of {s['steps']} steps (paired by seed)",
+                   {k: v["mmrl"]["reward_last"] - v["trl"]["reward_last"] for k, v in seeds.items()}),
+        result_row("mmrl", f"mean reward, last {tail} steps", {k: v["mmrl"]["reward_last"] for k, v in seeds.items()}),
+        result_row("TRL", f"mean reward, last {tail} steps", {k: v["trl"]["reward_last"] for k, v in seeds.items()}),
+        result_row("mmrl − TRL", f"truncated fraction, last {tail} steps",
+                   {k: v["mmrl"]["truncated_last"] - v["trl"]["truncated_last"] for k, v in seeds.items()}),
+        result_row("mmrl ÷ TRL", "step throughput, median of the interleaved step pairs", ratios, unit="×"),
+    ]
+    write_summary(out_root, f"GRPO in mmrl and in TRL {result['trl']}: same weights, task and settings", rows,
+                  seeds=[int(k) for k in seeds], command=result.get("command"),
+                  notes=f"Embedded text default on arithmetic, {s['prompts']} prompts × {s['group']} samples, "
+                        f"{s['max_new_tokens']} new tokens, lr {s['lr']}; the two trainers step in turn in one "
+                        "process pair, so load changes hit both alike. 1-minute load average "
+                        f"{result['load_average_before'][0]:.1f} at the start, {result['load_average_after'][0]:.1f} "
+                        "at the end.")
+
+
 def report(result: dict[str, Any], out_root: Path) -> None:
     """Print the table and write the JSON and the PNG of a finished comparison."""
     s, runs = result["settings"], result["runs"]
@@ -339,8 +363,7 @@ def report(result: dict[str, Any], out_root: Path) -> None:
           f"{learning['truncated_diff_mean']:+.3f}")
     out_root.mkdir(parents=True, exist_ok=True)
     (out_root / "trl_compare.json").write_text(json.dumps(result, indent=1))
-    compact = {k: v for k, v in result.items() if k != "runs"}  # the figures without the per-step records
-    (out_root / "trl_compare_summary.json").write_text(json.dumps(compact, indent=1))
+    write_trl_summary(result, per_seed, out_root)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for i, side in enumerate(SIDES):
@@ -354,8 +377,7 @@ def report(result: dict[str, Any], out_root: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_root / "trl_compare.png", dpi=90)
-    print(f"wrote {out_root / 'trl_compare.json'}, {out_root / 'trl_compare_summary.json'} and "
-          f"{out_root / 'trl_compare.png'}")
+    print(f"wrote {out_root / 'trl_compare.json'} and {out_root / 'trl_compare.png'}")
 
 
 def main() -> None:
@@ -382,7 +404,8 @@ def main() -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl_compare-") as tmp:
         runs = [run_seed(settings, int(seed), args.threads, Path(tmp)) for seed in args.seeds.split(",")]
-    report({"settings": settings, "seeds": args.seeds, "threads": args.threads, "trl": trl.__version__,
+    report({"command": command_line(), "settings": settings, "seeds": args.seeds, "threads": args.threads,
+            "trl": trl.__version__,
             "machine": platform.machine(), "cpus": os.cpu_count(), "load_average_before": load_before,
             "load_average_after": os.getloadavg(), "wall_s": time.perf_counter() - start, "runs": runs},
            Path(args.out))
