@@ -313,8 +313,7 @@ def test_grpo_baseline_is_its_paper_recipe_but_for_the_objective(baseline):
         cfg.pop("algo")
         cfg["run"].pop("out_dir")
     assert mine == theirs
-    def code(name: str) -> list[str]:  # the script's commands, its own recipe's name replaced
-        lines = (CLUSTER / f"{name}.sh").read_text().replace(name, "RECIPE").splitlines()
-        return [line for line in lines if not line.startswith("#")]
-
-    assert code(baseline) == code(BASELINES[baseline])  # the same launch (GPG's GPUS derivation included)
+    # the same launch (GPG's GPUS derivation included): the baseline runs the paper's script with its own recipe
+    commands = [line for line in (CLUSTER / f"{baseline}.sh").read_text().splitlines() if not line.startswith("#")]
+    assert commands[-1] == f'RECIPE="$here/{baseline}.yaml" exec bash "$here/{BASELINES[baseline]}.sh" "$@"'
+    assert f'"${{RECIPE:-$here/{BASELINES[baseline]}.yaml}}"' in (CLUSTER / f"{BASELINES[baseline]}.sh").read_text()

@@ -5,6 +5,7 @@
 #                            (on the Ray head, after examples/cluster/ray_start.sh on every node)
 #   print the launch only:   DRY_RUN=1 bash examples/cluster/gmpo_alfworld_qwen2.5-1.5b-instruct.sh
 # Extra arguments override the config, e.g. --task.path /data/... or --run.steps 10.
+# RECIPE=other.yaml runs another recipe through this same launch (its GRPO baseline script does).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-exec bash "$here/launch.sh" "$here/gmpo_alfworld_qwen2.5-1.5b-instruct.yaml" "$@"
+exec bash "$here/launch.sh" "${RECIPE:-$here/gmpo_alfworld_qwen2.5-1.5b-instruct.yaml}" "$@"

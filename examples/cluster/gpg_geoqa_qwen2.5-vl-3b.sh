@@ -9,11 +9,12 @@
 # Their global batch follows from it: --per_device_train_batch_size 1 prompt x --gradient_accumulation_steps 2 x GPUS
 # processes = 2 x GPUS prompts per optimizer step, and --num_train_epochs 1 makes ROWS // (2 x GPUS) steps (ROWS:
 # the training file's row count). GPUS=2: 4 prompts x ~2,000 steps; GPUS=8: 16 x ~500.
+# RECIPE=other.yaml runs another recipe through this same launch (its GRPO baseline script does).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 gpus=${GPUS:-2}
 rows=${ROWS:-8000}
 prompts=$(( 1 * 2 * gpus ))
 steps=$(( rows / prompts ))
-exec bash "$here/launch.sh" "$here/gpg_geoqa_qwen2.5-vl-3b.yaml" --cluster.gpus_per_node "$gpus" \
+exec bash "$here/launch.sh" "${RECIPE:-$here/gpg_geoqa_qwen2.5-vl-3b.yaml}" --cluster.gpus_per_node "$gpus" \
     --cluster.vllm_engines "$gpus" --rollout.prompts_per_step "$prompts" --run.steps "$steps" "$@"

@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # GRPO baseline of gmpo_alfworld_qwen2.5-1.5b-instruct.sh (gmpo.md Table 6's GRPO row (72.8)).
-# GMPO on ALFWorld with Qwen2.5-1.5B-Instruct (gmpo.md App. D); needs the mmrl:alfworld image.
-#   one 8-GPU node:          bash examples/cluster/grpo_alfworld_qwen2.5-1.5b-instruct.sh
-#   N-node Ray cluster:      NODES=N bash examples/cluster/grpo_alfworld_qwen2.5-1.5b-instruct.sh
-#                            (on the Ray head, after examples/cluster/ray_start.sh on every node)
-#   print the launch only:   DRY_RUN=1 bash examples/cluster/grpo_alfworld_qwen2.5-1.5b-instruct.sh
-# Extra arguments override the config, e.g. --task.path /data/... or --run.steps 10.
+# The same launch as gmpo_alfworld_qwen2.5-1.5b-instruct.sh
+# (its flags, GPU count and environment variables apply), with grpo_alfworld_qwen2.5-1.5b-instruct.yaml.
+#   bash examples/cluster/grpo_alfworld_qwen2.5-1.5b-instruct.sh [extra flags]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-exec bash "$here/launch.sh" "$here/grpo_alfworld_qwen2.5-1.5b-instruct.yaml" "$@"
+RECIPE="$here/grpo_alfworld_qwen2.5-1.5b-instruct.yaml" exec bash "$here/gmpo_alfworld_qwen2.5-1.5b-instruct.sh" "$@"

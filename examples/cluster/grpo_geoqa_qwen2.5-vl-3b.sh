@@ -1,20 +1,8 @@
 #!/usr/bin/env bash
 # GRPO baseline of gpg_geoqa_qwen2.5-vl-3b.sh (gpg.md Table 5's GRPO row (47.48)).
-# GPG on GeoQA with Qwen2.5-VL-3B-Instruct (gpg.md Table 5).
-#   the authors' 2 GPUs:     bash examples/cluster/grpo_geoqa_qwen2.5-vl-3b.sh
-#   another GPU count:       GPUS=8 bash examples/cluster/grpo_geoqa_qwen2.5-vl-3b.sh
-#   print the launch only:   DRY_RUN=1 bash examples/cluster/grpo_geoqa_qwen2.5-vl-3b.sh
-# Extra arguments override the config, e.g. --task.path /data/... or --run.steps 10.
-#
-# GPUS: the authors' R1-V/test.sh exports GPUS=2 (one node) and run_grpo_GEOQA_qwen2.5_3b.sh starts GPUS processes.
-# Their global batch follows from it: --per_device_train_batch_size 1 prompt x --gradient_accumulation_steps 2 x GPUS
-# processes = 2 x GPUS prompts per optimizer step, and --num_train_epochs 1 makes ROWS // (2 x GPUS) steps (ROWS:
-# the training file's row count). GPUS=2: 4 prompts x ~2,000 steps; GPUS=8: 16 x ~500.
+# The same launch as gpg_geoqa_qwen2.5-vl-3b.sh
+# (its flags, GPU count and environment variables apply), with grpo_geoqa_qwen2.5-vl-3b.yaml.
+#   bash examples/cluster/grpo_geoqa_qwen2.5-vl-3b.sh [extra flags]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-gpus=${GPUS:-2}
-rows=${ROWS:-8000}
-prompts=$(( 1 * 2 * gpus ))
-steps=$(( rows / prompts ))
-exec bash "$here/launch.sh" "$here/grpo_geoqa_qwen2.5-vl-3b.yaml" --cluster.gpus_per_node "$gpus" \
-    --cluster.vllm_engines "$gpus" --rollout.prompts_per_step "$prompts" --run.steps "$steps" "$@"
+RECIPE="$here/grpo_geoqa_qwen2.5-vl-3b.yaml" exec bash "$here/gpg_geoqa_qwen2.5-vl-3b.sh" "$@"

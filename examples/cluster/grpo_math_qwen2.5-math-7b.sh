@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # GRPO baseline of gvpo_math_qwen2.5-math-7b.sh (gvpo.md Table 1's GRPO row).
-# GVPO on MATH with Qwen2.5-Math-7B (gvpo.md §4, App. A.1).
-#   one 8-GPU node:          bash examples/cluster/grpo_math_qwen2.5-math-7b.sh
-#   N-node Ray cluster:      NODES=N bash examples/cluster/grpo_math_qwen2.5-math-7b.sh
-#                            (on the Ray head, after examples/cluster/ray_start.sh on every node)
-#   print the launch only:   DRY_RUN=1 bash examples/cluster/grpo_math_qwen2.5-math-7b.sh
-# Extra arguments override the config, e.g. --task.path /data/... or --run.steps 10.
+# The same launch as gvpo_math_qwen2.5-math-7b.sh
+# (its flags, GPU count and environment variables apply), with grpo_math_qwen2.5-math-7b.yaml.
+#   bash examples/cluster/grpo_math_qwen2.5-math-7b.sh [extra flags]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-exec bash "$here/launch.sh" "$here/grpo_math_qwen2.5-math-7b.yaml" "$@"
+RECIPE="$here/grpo_math_qwen2.5-math-7b.yaml" exec bash "$here/gvpo_math_qwen2.5-math-7b.sh" "$@"

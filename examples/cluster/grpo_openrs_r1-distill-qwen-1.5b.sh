@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # GRPO baseline of cw_grpo_openrs_r1-distill-qwen-1.5b.sh (cw-grpo.md Table 2's GRPO row (52.6)).
-# CW-GRPO on Open-RS with DeepSeek-R1-Distill-Qwen-1.5B (cw-grpo.md Table 5).
-#   one 8-GPU node:          bash examples/cluster/grpo_openrs_r1-distill-qwen-1.5b.sh
-#   N-node Ray cluster:      NODES=N bash examples/cluster/grpo_openrs_r1-distill-qwen-1.5b.sh
-#                            (on the Ray head, after examples/cluster/ray_start.sh on every node)
-#   print the launch only:   DRY_RUN=1 bash examples/cluster/grpo_openrs_r1-distill-qwen-1.5b.sh
-# Extra arguments override the config, e.g. --task.path /data/... or --run.steps 10.
+# The same launch as cw_grpo_openrs_r1-distill-qwen-1.5b.sh
+# (its flags, GPU count and environment variables apply), with grpo_openrs_r1-distill-qwen-1.5b.yaml.
+#   bash examples/cluster/grpo_openrs_r1-distill-qwen-1.5b.sh [extra flags]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-exec bash "$here/launch.sh" "$here/grpo_openrs_r1-distill-qwen-1.5b.yaml" "$@"
+RECIPE="$here/grpo_openrs_r1-distill-qwen-1.5b.yaml" exec bash "$here/cw_grpo_openrs_r1-distill-qwen-1.5b.sh" "$@"

@@ -5,6 +5,7 @@
 #                            (on the Ray head, after examples/cluster/ray_start.sh on every node)
 #   print the launch only:   DRY_RUN=1 bash examples/cluster/gvpo_math_qwen2.5-math-7b.sh
 # Extra arguments override the config, e.g. --task.path /data/... or --run.steps 10.
+# RECIPE=other.yaml runs another recipe through this same launch (its GRPO baseline script does).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-exec bash "$here/launch.sh" "$here/gvpo_math_qwen2.5-math-7b.yaml" "$@"
+exec bash "$here/launch.sh" "${RECIPE:-$here/gvpo_math_qwen2.5-math-7b.yaml}" "$@"
