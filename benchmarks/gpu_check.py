@@ -340,7 +340,7 @@ def checkpoint_round_trip(device, steps: int, root: Path) -> list[dict[str, Any]
     tail_a = [r for r in records_a if r["step"] >= half]
     tail_b = [r for r in records_b if r["step"] >= half]
     same_rewards = [r["reward"] for r in tail_a] == [r["reward"] for r in tail_b] and len(tail_a) == steps - half
-    loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(tail_a, tail_b, strict=True))
+    loss_diff = max(abs(a.get("loss", 0.0) - b.get("loss", 0.0)) for a, b in zip(tail_a, tail_b, strict=True))
     loss_tol = CHECKPOINT_LOSS_TOL[device.type]
     cuda_note = "torch, Python, NumPy and CUDA generators" if device.type == "cuda" else "torch, Python, NumPy"
     return [check("checkpoint: RNG states round-trip exactly", None, rng_ok, True, rng_ok, cuda_note),
@@ -569,8 +569,8 @@ def pick_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: no CUDA device is available (torch {torch.__version__}, built for CUDA "
                          f"{torch.version.cuda})")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise ValueError(f"--device must be cpu, cuda, cuda:N or auto, got {name!r}")
+    if name not in ("cpu", "cuda", "cuda:0"):  # TRL's Trainer would put its model on cuda:0 whatever was asked
+        raise ValueError(f"--device must be cuda, cpu or auto, got {name!r} (pick a GPU with CUDA_VISIBLE_DEVICES)")
     return torch.device(name)
 
 
@@ -597,7 +597,7 @@ def default_json(device: torch.device, tiny: bool) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, cpu or auto")
+    parser.add_argument("--device", default="cuda", help="cuda (default), cpu or auto")
     parser.add_argument("--tiny", action="store_true", help="tiny models and a few steps: the logic, not the figures")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--json", help="where to write the result (default: benchmarks/results/gpu_check-...json)")
@@ -613,20 +613,24 @@ def main() -> int:
         unknown = [s for s in sections if s not in SECTIONS]
         if unknown:
             raise ValueError(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+        json_path = Path(args.json) if args.json else default_json(device, args.tiny)
+        if json_path.exists():
+            raise ValueError(f"--json {json_path} already exists; name a new file")
     except ValueError as exc:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = TINY if args.tiny else FULL
-    json_path = Path(args.json) if args.json else default_json(device, args.tiny)
     result: dict[str, Any] = {"device": str(device), "mode": "tiny" if args.tiny else "full", "sections": sections,
                               "sizes": {"head_tail": sizes["head_tail"]}, "tolerances": TOLERANCES, "errors": {},
                               "section_wall_s": {}, "json": str(json_path)}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
         root = Path(tmp)
-        vl_spec = args.vl_model or (tiny_vl_model(root / "tiny-vl") if args.tiny else EMBEDDED_VL_NAME)
+        vl_spec = args.vl_model or EMBEDDED_VL_NAME
+        if args.tiny and not args.vl_model and {"correctness", "learning"} & set(sections):
+            vl_spec = tiny_vl_model(root / "tiny-vl")
         result["vl_model"] = vl_spec if not args.tiny or args.vl_model else "untrained tiny Qwen2.5-VL"
         reference = None
         if "learning" in sections and device.type == "cuda" and not args.no_cpu_reference:

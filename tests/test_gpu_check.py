@@ -70,6 +70,14 @@ def test_asking_for_cuda_without_one_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "never.json").exists()
 
 
+def test_an_existing_result_file_is_never_overwritten(tmp_path):
+    taken = tmp_path / "taken.json"
+    taken.write_text("mine")
+    proc = run_check("--device", "cpu", "--tiny", "--json", str(taken), timeout=120)
+    assert proc.returncode == 2 and "already exists" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert taken.read_text() == "mine"
+
+
 def test_spec_sheet_peaks_match_the_device_names():
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
