@@ -51,7 +51,6 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a GPU machine here has no internet; nothing is downloaded
 
 import torch  # noqa: E402
-from common import head_tail, run_config  # noqa: E402
 
 from mmrl.cache import EMBEDDED_NAME, EMBEDDED_VL_NAME  # noqa: E402
 
@@ -300,6 +299,8 @@ def states_equal(a: Any, b: Any) -> bool:
 def checkpoint_round_trip(device, steps: int, root: Path) -> list[dict[str, Any]]:
     """Run A trains ``steps`` steps; run B trains half, checkpoints and stops, then a new trainer resumes it. The
     resumed trainer's RNG states and weights must be those at the save, and its steps those of run A."""
+    from common import run_config
+
     from mmrl.trainer.checkpoint import rng_state
     from mmrl.trainer.config import resolve_config
     from mmrl.trainer.local import build_trainer
@@ -373,6 +374,8 @@ def correctness(device, sizes: dict, vl_spec: str, root: Path) -> list[dict[str,
 
 def learning(device, sizes: dict, vl_spec: str, root: Path) -> dict[str, Any]:
     """The two runs on ``device``: arithmetic's reward lift and geoqa's held-out pass@1 lift."""
+    from common import head_tail, run_config
+
     head, tail = sizes["head_tail"]
     out: dict[str, Any] = {"device": str(device)}
     records, last, wall = run_config({**sizes["arithmetic"], "model.device": str(device)}, root / "arithmetic")
