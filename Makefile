@@ -17,7 +17,7 @@ TASK ?= geoqa
 # process group) start once, as in one process.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1))")
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench clean gpu-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,14 @@ lint: setup
 bench: setup
 	$(BIN)/python benchmarks/objectives.py
 	$(BIN)/python benchmarks/learning.py
+
+# The extra packages of benchmarks/gpu_check.py as cp312 manylinux wheels, for a GPU machine without internet whose
+# stock Python 3.12 has torch and transformers but not these (docs/gpu.md). --no-deps: the file pins every one.
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--abi cp312 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-r requirements/gpu-check.txt -d .whl
+	@du -sh .whl
 
 clean:
 	rm -rf runs .pytest_cache .hypothesis

@@ -84,12 +84,34 @@ def current_rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+# Settings a caller may leave out: the CPU comparison of the docstring. benchmarks/gpu_check.py passes a CUDA device,
+# bfloat16 and another policy; bfloat16 means autocast on both sides, weights and AdamW state in float32.
+DEFAULTS = {"model": "", "device": "cpu", "dtype": "float32"}
+
+
+def peak_device_mb(device: str) -> float | None:
+    """Peak CUDA memory this process allocated (None on the CPU, where peak RSS is the figure)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else None
+
+
+def sync(device: str) -> None:
+    """Wait for queued CUDA work, so that a step's wall time is the step's own."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 # ----------------------------------------------------------------------------------------------- mmrl worker
 
 
 def mmrl_overrides(s: dict[str, Any], seed: int, out_dir: str) -> dict[str, Any]:
     """mmrl's config of the comparison (the equivalences to :func:`trl_arguments` are listed in the docstring)."""
+    s = {**DEFAULTS, **s}
     return {
+        **({"model.name": s["model"]} if s["model"] else {}), "model.device": s["device"], "model.dtype": s["dtype"],
         "run.progress": False, "run.plot": False, "run.checkpoint_every": 0, "run.overwrite": True,
         "run.out_dir": out_dir, "run.seed": seed, "run.steps": s["steps"],
         "algo.name": "grpo", "algo.std_eps": 1e-4, "algo.clip_low": 0.2, "algo.clip_high": 0.2,
@@ -103,9 +125,11 @@ def mmrl_overrides(s: dict[str, Any], seed: int, out_dir: str) -> dict[str, Any]
 
 def trl_arguments(s: dict[str, Any], seed: int, out_dir: str) -> dict[str, Any]:
     """TRL's ``GRPOConfig`` arguments of the comparison."""
+    s = {**DEFAULTS, **s}
     return dict(
         output_dir=out_dir, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-        use_cpu=True, bf16=False, gradient_checkpointing=False, disable_dropout=True, seed=seed,
+        use_cpu=s["device"] == "cpu", bf16=s["dtype"] == "bfloat16", gradient_checkpointing=False,
+        disable_dropout=True, seed=seed,
         max_steps=s["steps"], per_device_train_batch_size=s["prompts"] * s["group"], gradient_accumulation_steps=1,
         num_generations=s["group"], max_completion_length=s["max_new_tokens"],
         temperature=s["temperature"], top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
@@ -146,21 +170,24 @@ def mmrl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir
     from mmrl.trainer.local import build_trainer
 
     torch.set_num_threads(threads)
-    s = settings
+    s = {**DEFAULTS, **settings}
     cfg = resolve_config([(mmrl_overrides(s, seed, out_dir), "trl_compare")])
     t0 = time.perf_counter()
     trainer = build_trainer(cfg)
     conn.send({"ready": True, "build_s": time.perf_counter() - t0, "rss_mb": current_rss_mb()})
     while conn.recv() == "step":
+        sync(s["device"])
         start = time.perf_counter()
         record = trainer.train_step()
         trainer.step += 1
+        sync(s["device"])
         wall = time.perf_counter() - start
         n = s["prompts"] * s["group"]
         conn.send({"wall_s": wall, "tokens": record["response_length"] * n, "reward": record["reward"],
                    "accuracy": record["accuracy"], "truncated": record["truncated_frac"],
-                   "generation_s": record["generation_time"]})
-    conn.send({"peak_rss_mb": peak_rss_mb()})
+                   "generation_s": record["generation_time"], "update_s": record["update_time"],
+                   "batch_tokens": record["batch_tokens"]})
+    conn.send({"peak_rss_mb": peak_rss_mb(), "peak_device_mb": peak_device_mb(s["device"])})
 
 
 # ----------------------------------------------------------------------------------------------- TRL worker
@@ -178,7 +205,8 @@ def trl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir:
     from mmrl.trainer.rollout import eos_ids
 
     torch.set_num_threads(threads)
-    s = settings
+    s = {**DEFAULTS, **settings}
+    policy = s["model"] or EMBEDDED_NAME
     task = get_task("arithmetic")
     step_log: dict[str, float] = {}
 
@@ -192,6 +220,7 @@ def trl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir:
         def _wait(self) -> bool:
             if conn.recv() != "step":
                 return False
+            sync(s["device"])
             self.start = time.perf_counter()
             return True
 
@@ -200,14 +229,15 @@ def trl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir:
                 control.should_training_stop = True
 
         def on_step_end(self, args, state, control, **kwargs):
+            sync(s["device"])
             conn.send({"wall_s": time.perf_counter() - self.start, **step_log})
             if not self._wait():
                 control.should_training_stop = True
 
     t0 = time.perf_counter()
     torch.manual_seed(seed)
-    model = load_model(EMBEDDED_NAME, dtype=torch.float32, device=torch.device("cpu"))
-    tokenizer = load_tokenizer(EMBEDDED_NAME)
+    model = load_model(policy, dtype=torch.float32, device=torch.device(s["device"]))
+    tokenizer = load_tokenizer(policy)
     reward = task_reward(task, set(eos_ids(tokenizer, model)), step_log)
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward,
                           train_dataset=Dataset.from_list(trl_rows(task)),
@@ -215,7 +245,7 @@ def trl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir:
     trainer.remove_callback(PrinterCallback)  # its per-step log lines would drown the table
     conn.send({"ready": True, "build_s": time.perf_counter() - t0, "rss_mb": current_rss_mb()})
     trainer.train()  # the coordinator's "stop" after the last step ends it (and max_steps would)
-    conn.send({"peak_rss_mb": peak_rss_mb()})
+    conn.send({"peak_rss_mb": peak_rss_mb(), "peak_device_mb": peak_device_mb(s["device"])})
 
 
 WORKERS = {"trl": trl_worker, "mmrl": mmrl_worker}
@@ -250,14 +280,14 @@ def run_seed(settings: dict[str, Any], seed: int, threads: int, out_root: Path) 
         peaks = {}
         for side in SIDES:
             conns[side].send("stop")
-            peaks[side] = conns[side].recv()["peak_rss_mb"]
+            peaks[side] = conns[side].recv()
     finally:
         for side in SIDES:
             procs[side].join(timeout=60)
             if procs[side].is_alive():
                 procs[side].terminate()
     return {"seed": seed, "sides": {side: {"build_s": ready[side]["build_s"],
-                                           "rss_after_build_mb": ready[side]["rss_mb"], "peak_rss_mb": peaks[side],
+                                           "rss_after_build_mb": ready[side]["rss_mb"], **peaks[side],
                                            "steps": steps[side]} for side in SIDES}}
 
 

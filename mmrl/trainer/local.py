@@ -439,6 +439,7 @@ class Trainer:
             "generation_time": t_gen,  # rollouts and rewards (with GPG's resampling rounds)
             "rescoring_time": t2 - t1,  # old (and reference) log-probs of the batch
             "update_time": elapsed - (t2 - t0),  # forward, backward and optimizer steps
+            "batch_tokens": float(batch.attention_mask.sum()),  # prompt + response tokens the update reads, no padding
             "tokens_per_s": sum(lengths) / max(elapsed, 1e-9),
             "top_zero_reason": reasons.most_common(1)[0][0] if reasons else None,
         }

@@ -20,6 +20,7 @@ A row's ``VisionInputs`` is shared (not copied) by every response of its group.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,9 +87,10 @@ class VisionBatch:
                      model: torch.nn.Module | None = None) -> dict[str, Any]:
         """``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` for ``input_ids`` (these rows, any width).
 
-        With ``model`` (a Qwen-VL model) and ``tokens.encode_once``, ``pixel_values`` is replaced by the image
-        features of each distinct prompt, computed once by ``model.get_image_features`` and repeated for every row
-        that shares that prompt's `VisionInputs` (`shared_image_features`); the model output is the same.
+        With ``model`` (a Qwen-VL model whose forward takes ``mm_encoder_outputs``, `takes_encoder_outputs`) and
+        ``tokens.encode_once``, ``pixel_values`` is replaced by the image features of each distinct prompt, computed
+        once by ``model.get_image_features`` and repeated for every row that shares that prompt's `VisionInputs`
+        (`shared_image_features`); the model output is the same.
 
         Raises ValueError when a row's image-pad tokens do not match its grids (a truncated or edited prompt), which
         would otherwise surface as a shape error inside the model.
@@ -108,7 +110,7 @@ class VisionBatch:
         present = [r for r in self.rows if r is not None]
         inputs: dict[str, Any] = {"image_grid_thw": torch.cat([r.image_grid_thw for r in present]).to(device),
                                   "mm_token_type_ids": types.to(device)}
-        if model is not None and self.tokens.encode_once:
+        if model is not None and self.tokens.encode_once and takes_encoder_outputs(model):
             inputs["mm_encoder_outputs"] = {"image": shared_image_features(present, model, device)}
         else:
             inputs["pixel_values"] = torch.cat([r.pixel_values for r in present]).to(device)
@@ -118,6 +120,19 @@ class VisionBatch:
         """Logits with the never-sampled vision tokens at the dtype's lowest value: probability exactly 0, as under
         generation's suppression (-inf), while ``probs * logits`` in the entropy stays finite."""
         return mask_tokens(logits, self.tokens.blocked)
+
+
+def takes_encoder_outputs(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes precomputed image features (``mm_encoder_outputs``).
+
+    transformers 5.17's Qwen-VL forward has no such argument and swallows it in ``**kwargs``: the image slots would
+    then get no features at all. Such a model is given every row's own pixels instead (the same output, one tower pass
+    per response). A LoRA wrapper's forward takes anything, so the first transformers model inside it is asked.
+    """
+    from transformers import PreTrainedModel
+
+    core = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), model)
+    return "mm_encoder_outputs" in inspect.signature(core.forward).parameters
 
 
 def shared_image_features(rows: list[VisionInputs], model: torch.nn.Module, device: torch.device | str):
