@@ -1,5 +1,5 @@
-"""Docs snippets that spawn processes carry the ``__main__`` guard (issue #15 case 17), the EnvPool example of
-docs/envs.md runs as a script, as a reader would copy it, and negative numbers work as flag values (case 14)."""
+"""Docs snippets that spawn processes carry the ``__main__`` guard, the EnvPool example of docs/envs.md runs as a
+script, as a reader would copy it, and negative numbers work as flag values."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GRPO baseline of gmpo_alfworld_qwen2.5-1.5b-instruct.sh (gmpo.md Table 6's GRPO row (72.8)).
-# GMPO on ALFWorld with Qwen2.5-1.5B-Instruct (gmpo.md App. D); needs the mmrl:alfworld image.
+# GRPO baseline of gmpo_alfworld_qwen2.5-1.5b-instruct.sh (the GMPO paper's Table 6's GRPO row (72.8)).
+# GMPO on ALFWorld with Qwen2.5-1.5B-Instruct (the GMPO paper's App. D); needs the mmrl:alfworld image.
 #   one 8-GPU node:          bash examples/cluster/grpo_alfworld_qwen2.5-1.5b-instruct.sh
 #   N-node Ray cluster:      NODES=N bash examples/cluster/grpo_alfworld_qwen2.5-1.5b-instruct.sh
 #                            (on the Ray head, after examples/cluster/ray_start.sh on every node)

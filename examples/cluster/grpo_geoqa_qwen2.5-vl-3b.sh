@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GRPO baseline of gpg_geoqa_qwen2.5-vl-3b.sh (gpg.md Table 5's GRPO row (47.48)).
-# GPG on GeoQA with Qwen2.5-VL-3B-Instruct (gpg.md Table 5).
+# GRPO baseline of gpg_geoqa_qwen2.5-vl-3b.sh (the GPG paper's Table 5's GRPO row (47.48)).
+# GPG on GeoQA with Qwen2.5-VL-3B-Instruct (the GPG paper's Table 5).
 #   the authors' 2 GPUs:     bash examples/cluster/grpo_geoqa_qwen2.5-vl-3b.sh
 #   another GPU count:       GPUS=8 bash examples/cluster/grpo_geoqa_qwen2.5-vl-3b.sh
 #   print the launch only:   DRY_RUN=1 bash examples/cluster/grpo_geoqa_qwen2.5-vl-3b.sh

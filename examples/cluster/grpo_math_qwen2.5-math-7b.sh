@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GRPO baseline of gvpo_math_qwen2.5-math-7b.sh (gvpo.md Table 1's GRPO row).
-# GVPO on MATH with Qwen2.5-Math-7B (gvpo.md §4, App. A.1).
+# GRPO baseline of gvpo_math_qwen2.5-math-7b.sh (the GVPO paper's Table 1's GRPO row).
+# GVPO on MATH with Qwen2.5-Math-7B (the GVPO paper's §4, App. A.1).
 #   one 8-GPU node:          bash examples/cluster/grpo_math_qwen2.5-math-7b.sh
 #   N-node Ray cluster:      NODES=N bash examples/cluster/grpo_math_qwen2.5-math-7b.sh
 #                            (on the Ray head, after examples/cluster/ray_start.sh on every node)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GRPO baseline of cw_grpo_openrs_r1-distill-qwen-1.5b.sh (cw-grpo.md Table 2's GRPO row (52.6)).
-# CW-GRPO on Open-RS with DeepSeek-R1-Distill-Qwen-1.5B (cw-grpo.md Table 5).
+# GRPO baseline of cw_grpo_openrs_r1-distill-qwen-1.5b.sh (the CW-GRPO paper's Table 2's GRPO row (52.6)).
+# CW-GRPO on Open-RS with DeepSeek-R1-Distill-Qwen-1.5B (the CW-GRPO paper's Table 5).
 #   one 8-GPU node:          bash examples/cluster/grpo_openrs_r1-distill-qwen-1.5b.sh
 #   N-node Ray cluster:      NODES=N bash examples/cluster/grpo_openrs_r1-distill-qwen-1.5b.sh
 #                            (on the Ray head, after examples/cluster/ray_start.sh on every node)

@@ -65,7 +65,7 @@ def hyperparameters(name: str) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Resampling:
-    """What a rollout loop does before training on a batch (GPG's β_th, gpg.md Alg. 1 line 1): while fewer than
+    """What a rollout loop does before training on a batch (GPG's β_th, the GPG paper's Alg. 1 line 1): while fewer than
     ``valid_fraction`` of the batch's groups are valid (rewards not all equal), it samples a batch of prompts again and
     keeps the valid groups, at most ``max_rounds`` extra rounds, then trains on what it has."""
 
