@@ -233,3 +233,31 @@ def test_every_documented_benchmark_command_parses(where, command, monkeypatch):
     with pytest.raises(Parsed):
         runpy.run_path(str(REPO / script), run_name="__main__")
 
+
+def anchors(path: Path) -> set[str]:
+    """The anchors a Markdown file offers: GitHub's heading slugs and explicit ``<a id="...">`` tags."""
+    text = path.read_text()
+    found = set(re.findall(r'<a id="([^"]+)"', text))
+    for heading in re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.DOTALL), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    """A link a reader follows from the README, CONTRIBUTING, CHANGELOG or a guide reaches a file of the repository,
+    and its ``#anchor`` a heading or an explicit anchor of that file."""
+    broken = []
+    docs = [REPO / name for name in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md") if (REPO / name).exists()]
+    for doc in [*docs, *sorted((REPO / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            file_part, _, anchor = target.partition("#")
+            path = (doc.parent / file_part).resolve() if file_part else doc
+            if not path.exists():
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such anchor)")
+    assert not broken, broken
