@@ -258,11 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rl-lr", type=float, default=2e-4)
     parser.add_argument("--rl-warmup-steps", type=int, default=0,
                         help="optimizer steps of linear lr warm-up from 0 in RL (Adam's first step moves every weight "
-                             "by the full lr); 0 here, unlike the task's default of 10, so that the commands of "
-                             "sessions 7-11 reproduce")
+                             "by the full lr); 0 here, unlike the task's default of 10, so that earlier "
+                             "benchmark commands reproduce")
     parser.add_argument("--rl-schedule", default="constant", choices=SCHEDULES,
-                        help="RL lr after warm-up (optim.schedule): session 13's 50-step runs peaked at steps 10-30 "
-                             "and fell back under the constant lr")
+                        help="RL lr after warm-up (optim.schedule); under a constant lr, 50-step runs tend to "
+                             "peak early and fall back")
     parser.add_argument("--rl-min-lr-ratio", type=float, default=0.0, help="cosine's floor (optim.min_lr_ratio)")
     parser.add_argument("--epochs", type=int, default=2,
                         help="update epochs per rollout: with 1, GMPO and GRPO take the same gradient (ratio 1)")

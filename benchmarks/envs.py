@@ -22,7 +22,7 @@ machine, and the one that stays meaningful when other jobs share the cores. Rati
 
     python benchmarks/envs.py [--envs 32] [--steps 20] [--skip-uncached]
 
-Goals (issues 4 and 13): pool ≥ 3× the process-per-env layout, pool per-core within 1.3× of the in-process engine.
+Goals: pool ≥ 3× the process-per-env layout, pool per-core within 1.3× of the in-process engine.
 Prints a table and writes ``benchmarks/results/envs.json``.
 """
 

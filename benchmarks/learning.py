@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--algos", default=",".join(sorted(algos.ALGORITHMS)))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sampler", default="mmrl", help="rollout.sampler: mmrl (default) or hf (transformers' "
-                        "generate, what the runs before 2026-11-22 session 5 used)")
+                        "generate)")
     parser.add_argument("--out", default="benchmarks/results/learning")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -15,7 +15,7 @@ Two commands:
         Writes JSON, a table and a PNG of held-out pass@1 over steps. Target: lift >= 0.15, mean of 3 seeds, <= 45 min
         per run on 2 idle cores.
 
-Results go to ``--out`` (default benchmarks/results/real_model); docs/benchmarks.md quotes them with the command.
+Results go to ``--out`` (default benchmarks/results/real_model).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 MODEL = "smollm2-135m-instruct"
 HERE = Path(__file__).resolve().parent
 # Learning rates: a full fine-tune of a 135 M model moves far per step (at 5e-5 one of two seeds collapsed to wrong
-# sums within 10 steps: docs/benchmarks.md); LoRA's fresh adapters need a larger step.
+# sums within 10 steps); LoRA's fresh adapters need a larger step.
 LR = {"full": 2e-5, "lora": 3e-4}
 
 

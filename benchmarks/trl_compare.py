@@ -46,9 +46,8 @@ advantages, loss and clipped gradient are TRL's own, and the gradients agree to 
 
 With accuracy alone as the reward (``--task.format_weight 0``), text after ``</answer>`` costs nothing: a response
 that stops and one that runs on to the 12-token cap score alike, and runs can drift until every response runs to the cap
-(``truncated`` in the JSON), losing held-out accuracy; TRL's trainer does not pull a drifted model back either
-(docs/benchmarks.md). That is the reward's property, not a trainer's; the format term is what teaches the model to
-stop.
+(``truncated`` in the JSON), losing held-out accuracy; TRL's trainer does not pull a drifted model back either.
+That is the reward's property, not a trainer's; the format term is what teaches the model to stop.
 
 What differs by design: mmrl re-scores the batch once without gradient for π_old (every mmrl objective may read
 ``old_logprobs``, e.g. CW-GRPO's weights), whereas TRL with ``num_iterations=1`` takes π_old = π_θ.detach() and skips

@@ -1,5 +1,5 @@
 """benchmarks/alfworld.py builds its RL runs' config from its flags: the flags reach the resolved config, and the
-defaults keep the commands of earlier sessions reproducible (no engine, no model)."""
+defaults keep earlier benchmark commands reproducible (no engine, no model)."""
 from __future__ import annotations
 
 import importlib.util
@@ -29,7 +29,7 @@ def rl_config(benchmark, flags: list[str], games: Path):
     return cfg
 
 
-def test_default_flags_keep_the_constant_lr_of_sessions_7_to_12(benchmark, tmp_path):
+def test_default_flags_keep_a_constant_lr_without_warm_up(benchmark, tmp_path):
     cfg = rl_config(benchmark, [], tmp_path)
     assert (cfg.optim.warmup_steps, cfg.optim.schedule, cfg.optim.min_lr_ratio) == (0, "constant", 0.0)
     assert cfg.optim.lr == 2e-4 and cfg.optim.epochs == 2 and cfg.task.options["games_root"] == str(tmp_path)

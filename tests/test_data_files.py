@@ -1,4 +1,4 @@
-"""Data is read as written (issue #15 cases 3, 4, 12, 18): answers keep their text in jsonl, csv and parquet; a
+"""Data is read as written: answers keep their text in jsonl, csv and parquet; a
 missing field, a bad JSON line or bad bytes stop the run at start with one line naming the file and the line/row."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A fuzz harness (issue #15 item 6): hypothesis over the data loaders, the config layer and checkpoint files.
+"""A fuzz harness: hypothesis over the data loaders, the config layer and checkpoint files.
 
 Every generated input must either load or fail as a ``ValueError`` of one line naming the problem (which
 `mmrl.cli.run_cli` turns into exit code 2 with no traceback; `test_the_command_line_maps_each_category_to_exit_2`

@@ -1,4 +1,4 @@
-"""Models and paths (issue #15 cases 9, 10, 11): an unreachable hub id fails in seconds with one line, a local path
+"""Models and paths: an unreachable hub id fails in seconds with one line, a local path
 that does not exist is said to be one (for --model and --task.reward_model), a broken model folder is one line."""
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def test_experience_maker_advantages_and_statistics_equal_mmrls_on_the_whole_bat
     got_stats = popped[0]
     if name == "gpg":  # α = B / (B - M) over the whole step, not over one experience (which holds one group here)
         assert got_stats["alpha"] == pytest.approx(24 / (24 - 8))
-    if name == "cw_grpo":  # the default scope: each sample carries its own group's moments (cw-grpo.md §2.3)
+    if name == "cw_grpo":  # the default scope: each sample carries its own group's moments (the CW-GRPO paper's §2.3)
         first = algo.batch_stats(rewards[:4], group_ids[:4], expected[:4], old[:4], mask[:4])
         torch.testing.assert_close(got_stats["cov_sigma"], first["cov_sigma"])
         whole = algos.get(name, stats_scope="batch").batch_stats(rewards, group_ids, expected, old, mask)

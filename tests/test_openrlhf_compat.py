@@ -18,8 +18,9 @@ class TwoLayers(torch.nn.Module):
 
 
 def test_keys_the_model_has_survive_a_renaming(monkeypatch):
-    """A checkpoint key the model already has, which a renaming would move away (OpenRLHF issue 1232): transformers'
-    own conversion drops it; with the fix it is loaded with the first converted state dict."""
+    """A checkpoint key the model already has, which a renaming would move away
+    (https://github.com/OpenRLHF/OpenRLHF/issues/1232): transformers' own conversion drops it; with the fix it is
+    loaded with the first converted state dict."""
     hf = pytest.importorskip("transformers.integrations.deepspeed")
     core = pytest.importorskip("transformers.core_model_loading")
     from mmrl.openrlhf.compat import PATCHED_MARK, install_zero3_loading_fix

@@ -49,7 +49,7 @@ def test_every_algo_and_task_gives_a_namespace_openrlhf_accepts(algo, task, tmp_
     assert args.train.colocate_all and args.vllm.enable_sleep and args.critic.model_name_or_path is None
     assert args.reward.remote_url == [launch.files["reward_func"]] and args.train.agent_func_path is None
     assert args.data.apply_chat_template and args.data.input_key == "messages" and args.data.label_key == "label"
-    assert args.actor.aux_loss_coef == 0.0  # moe.aux_loss_coef passes through (issue 6)
+    assert args.actor.aux_loss_coef == 0.0  # moe.aux_loss_coef passes through
     uses_ref = algo == "grpo"
     assert (args.algo.kl.init_coef > 0) == uses_ref and args.algo.kl.use_loss == uses_ref
     assert args.mmrl["algo"] == algo and args.mmrl["samples_per_prompt"] == 4

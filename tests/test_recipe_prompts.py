@@ -112,7 +112,7 @@ def test_cw_grpo_prompts_are_open_rs_templates(tmp_path, smollm2_tokenizer):
 def test_gvpo_prompts_are_open_reasoner_zero_template(tmp_path, smollm2_tokenizer):
     task, sets = _built("gvpo_math_qwen2.5-math-7b", recipe_data.math_lighteval_train(tmp_path, 3),
                         recipe_data.math_eval_sets(tmp_path))
-    for row in (task.train[0], sets[0].task.eval[0]):  # gvpo.md gives evaluation no other template
+    for row in (task.train[0], sets[0].task.eval[0]):  # the GVPO paper gives evaluation no other template
         user = ORZ_USER.format(prompt=row["problem"])
         assert _rendered(smollm2_tokenizer, row) == chatml(ORZ_INSTRUCTION, user)
 

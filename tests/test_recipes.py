@@ -117,7 +117,7 @@ def test_gmpo_alfworld_recipe_dry_run(tmp_path, capsys):
     _eval_checks(out, cfg)
     assert "evaluation set alfworld_valid_seen: 1 per problem, temperature 0.4, top_p 1.0, 512 new tokens" in out
     assert _flag(out, "train.agent_func_path")
-    # gmpo.md App. D = verl-agent's KL loss: a reference model is kept and its log-probs reach mmrl's loss
+    # The GMPO paper's App. D = verl-agent's KL loss: a reference model is kept and its log-probs reach mmrl's loss
     assert float(_flag(out, "algo.kl.init_coef")) == 0.01 and "--algo.kl.use_loss" in out
 
 

@@ -56,7 +56,7 @@ def test_format_reward():
 
 
 def test_think_close_format_is_open_rs_check_for_a_prefilled_think_tag():
-    """cw-grpo.md App. C / Open-RS format_reward: the chat template of R1-Distill pre-fills <think>, so a completion
+    """CW-GRPO's App. C / Open-RS format_reward: the chat template of R1-Distill pre-fills <think>, so a completion
     holds only the closing tag; exactly one ``\\n</think>\\n`` scores 1, and the R1-V check would score it 0."""
     close = get_reward("think_close_format")
     completion = "Let me add.\n2 + 2 = 4.\n</think>\n\nThe answer is \\boxed{4}."
@@ -128,7 +128,7 @@ def test_answer_parsers_never_raise(text):
 
 
 def test_reward_model_scorer_on_a_tiny_local_model(tmp_path):
-    """A learned reward model as reward source (gvpo.md App. C), with a tiny classifier built from config."""
+    """A learned reward model as reward source (the GVPO paper's App. C), with a tiny classifier built from config."""
     import torch
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 

@@ -77,7 +77,7 @@ def test_math_task_bad_data_fails_with_one_line_naming_the_field(tmp_path):
 
 
 def test_math_task_format_reward_and_template_options(tmp_path):
-    """``format_reward: think_close`` scores Open-RS's closing-tag check (cw-grpo.md App. C), and ``template`` wraps
+    """``format_reward: think_close`` scores Open-RS's closing-tag check (CW-GRPO's App. C), and ``template`` wraps
     the problem in the user turn (Open-RS's evaluation query); a wrong value is one line naming the option."""
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n")

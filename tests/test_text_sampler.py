@@ -34,7 +34,7 @@ def test_recorded_logprobs_equal_rescoring_the_responses(model_and_tokenizer, te
     model, tok = model_and_tokenizer
     prompts = prompts_of(tok, *CONTENTS) * 4
     torch.manual_seed(0)
-    # 16 tokens: one build of the tiny MoE (AVX-512 kernels, session 19) ended every row at step 10 of a 10-token budget
+    # 16 tokens: a build of the tiny MoE with AVX-512 kernels ended every row at step 10 of a 10-token budget
     responses = generate(model, tok, prompts, 16, temperature, top_p, return_logprobs=True)
     assert len({len(r.token_ids) for r in responses}) > 1 or temperature == 0  # rows ended at different steps
     groups = [Group(i, {}, p, [r]) for i, (p, r) in enumerate(zip(prompts, responses, strict=True))]

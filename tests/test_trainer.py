@@ -157,7 +157,7 @@ def test_kill_and_resume_is_bit_identical(tmp_path, embedded_model_dir):
 
 
 def test_reward_model_as_reward_source(tmp_path, embedded_model_dir, small_config):
-    """gvpo.md App. C: a learned reward model (here a tiny one built from config) adds to the task's reward."""
+    """The GVPO paper's App. C: a learned reward model (here a tiny one built from config) adds to the task's reward."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
     from mmrl.models import load_tokenizer

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CW-GRPO on Open-RS with DeepSeek-R1-Distill-Qwen-1.5B (cw-grpo.md Table 5).
+# CW-GRPO on Open-RS with DeepSeek-R1-Distill-Qwen-1.5B (the CW-GRPO paper's Table 5).
 #   one 8-GPU node:          bash examples/cluster/cw_grpo_openrs_r1-distill-qwen-1.5b.sh
 #   N-node Ray cluster:      NODES=N bash examples/cluster/cw_grpo_openrs_r1-distill-qwen-1.5b.sh
 #                            (on the Ray head, after examples/cluster/ray_start.sh on every node)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GMPO on ALFWorld with Qwen2.5-1.5B-Instruct (gmpo.md App. D); needs the mmrl:alfworld image.
+# GMPO on ALFWorld with Qwen2.5-1.5B-Instruct (the GMPO paper's App. D); needs the mmrl:alfworld image.
 #   one 8-GPU node:          bash examples/cluster/gmpo_alfworld_qwen2.5-1.5b-instruct.sh
 #   N-node Ray cluster:      NODES=N bash examples/cluster/gmpo_alfworld_qwen2.5-1.5b-instruct.sh
 #                            (on the Ray head, after examples/cluster/ray_start.sh on every node)

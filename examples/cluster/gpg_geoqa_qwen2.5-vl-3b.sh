@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPG on GeoQA with Qwen2.5-VL-3B-Instruct (gpg.md Table 5).
+# GPG on GeoQA with Qwen2.5-VL-3B-Instruct (the GPG paper's Table 5).
 #   the authors' 2 GPUs:     bash examples/cluster/gpg_geoqa_qwen2.5-vl-3b.sh
 #   another GPU count:       GPUS=8 bash examples/cluster/gpg_geoqa_qwen2.5-vl-3b.sh
 #   print the launch only:   DRY_RUN=1 bash examples/cluster/gpg_geoqa_qwen2.5-vl-3b.sh

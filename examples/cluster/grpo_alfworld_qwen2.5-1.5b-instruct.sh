@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GRPO baseline of gmpo_alfworld_qwen2.5-1.5b-instruct.sh (gmpo.md Table 6's GRPO row (72.8)).
+# GRPO baseline of gmpo_alfworld_qwen2.5-1.5b-instruct.sh (the GMPO paper's Table 6's GRPO row (72.8)).
 # The same launch as gmpo_alfworld_qwen2.5-1.5b-instruct.sh
 # (its flags, GPU count and environment variables apply), with grpo_alfworld_qwen2.5-1.5b-instruct.yaml.
 #   bash examples/cluster/grpo_alfworld_qwen2.5-1.5b-instruct.sh [extra flags]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GVPO on MATH with Qwen2.5-Math-7B (gvpo.md §4, App. A.1).
+# GVPO on MATH with Qwen2.5-Math-7B (the GVPO paper's §4, App. A.1).
 #   one 8-GPU node:          bash examples/cluster/gvpo_math_qwen2.5-math-7b.sh
 #   N-node Ray cluster:      NODES=N bash examples/cluster/gvpo_math_qwen2.5-math-7b.sh
 #                            (on the Ray head, after examples/cluster/ray_start.sh on every node)

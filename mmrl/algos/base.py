@@ -65,7 +65,7 @@ def hyperparameters(name: str) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Resampling:
-    """What a rollout loop does before training on a batch (GPG's β_th, gpg.md Alg. 1 line 1): while fewer than
+    """What a rollout loop does before training on a batch (GPG's β_th, the GPG paper's Alg. 1 line 1): while fewer than
     ``valid_fraction`` of the batch's groups are valid (rewards not all equal), it samples a batch of prompts again and
     keeps the valid groups, at most ``max_rounds`` extra rounds, then trains on what it has."""
 
@@ -140,10 +140,30 @@ class Algorithm(abc.ABC):
 
     @abc.abstractmethod
     def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
-        """One advantage per response, ``[N]``."""
+        """One advantage per response, computed once per rollout batch on the whole batch.
+
+        Args:
+            rewards: ``[N]`` float, one finite reward per response.
+            group_ids: ``[N]`` int, equal for the responses of one prompt (a group); any values, any order.
+
+        Returns:
+            ``[N]`` float32 advantages.
+        """
 
     def batch_stats(self, rewards: Tensor, group_ids: Tensor, advantages: Tensor, old_logprobs: Tensor | None,
                     mask: Tensor) -> dict[str, Any]:
+        """Statistics :meth:`policy_loss` needs from the whole rollout batch, computed once per batch.
+
+        Args:
+            rewards, group_ids, advantages: ``[N]``, as for :meth:`advantages` (``advantages`` is its result).
+            old_logprobs: ``[N, T]`` per-token log-probs under the rollout policy, or None when
+                :attr:`batch_stats_reads_old_logprobs` is False and the loop skipped that forward.
+            mask: ``[N, T]``, 1 on the response tokens that train.
+
+        Returns:
+            ``{name: value}``, each a number or a ``[N]`` tensor (one value per response); hand a sub-batch its rows
+            with :func:`stats_for_rows`. Empty by default.
+        """
         return {}
 
     def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
@@ -158,7 +178,20 @@ class Algorithm(abc.ABC):
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     group_ids: Tensor, ref_logprobs: Tensor | None = None,
                     stats: dict[str, Any] | None = None) -> tuple[Tensor, Metrics]:
-        """Scalar loss to minimise on one mini-batch, plus float metrics. Callers pass every argument by keyword."""
+        """The loss to minimise on one (mini- or micro-)batch of B responses. Callers pass every argument by keyword.
+
+        Args:
+            logprobs: ``[B, T]`` per-token log-probs of the sampled tokens under the current policy (with gradient).
+            old_logprobs: ``[B, T]`` the same under the rollout policy π_old (no gradient).
+            advantages: ``[B]``, the rows of :meth:`advantages`' result.
+            mask: ``[B, T]``, 1 on response tokens that train, 0 on padding and environment tokens.
+            group_ids: ``[B]`` group of each response.
+            ref_logprobs: ``[B, T]`` under the frozen reference, when :meth:`uses_reference`; else None.
+            stats: :meth:`batch_stats` of the whole batch, cut to these rows (:func:`stats_for_rows`).
+
+        Returns:
+            A scalar loss tensor, and ``{name: float}`` metrics for logging.
+        """
 
 
 # --------------------------------------------------------------------------------------------- helpers

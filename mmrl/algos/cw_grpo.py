@@ -1,4 +1,7 @@
-"""CW-GRPO: covariance-aware GRPO with Gaussian-kernel advantage reweighting (../shared/papers/cw-grpo.md §2.3).
+"""CW-GRPO: covariance-aware GRPO with Gaussian-kernel advantage reweighting.
+
+Paper: "Taming Extreme Tokens: Covariance-Aware GRPO with Gaussian-Kernel Advantage Reweighting",
+https://arxiv.org/abs/2605.11538 (§2.3).
 
 Per response token (§2.3)::
 

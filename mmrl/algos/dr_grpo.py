@@ -1,4 +1,6 @@
-"""Dr.GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training", Eq. 3 / §3.1): GRPO done right.
+"""Dr.GRPO (Liu et al., 2025, Eq. 3 / §3.1): GRPO done right.
+
+Paper: "Understanding R1-Zero-Like Training: A Critical Perspective", https://arxiv.org/abs/2503.20783.
 
 Two changes to GRPO remove its biases:
 * no std normalisation of the advantage:  Â_i = r_i - mean(r_group);

@@ -1,6 +1,8 @@
-"""GMPO: Geometric-Mean Policy Optimization (Zhao et al., 2025; ../shared/papers/gmpo.md).
+"""GMPO: Geometric-Mean Policy Optimization.
 
-Objective (gmpo.md Eq. 5, Algorithm 1), written as a loss to minimise::
+Paper: "Geometric-Mean Policy Optimization" (Zhao et al., 2025), https://arxiv.org/abs/2507.20673.
+
+Objective (the GMPO paper's Eq. 5, Algorithm 1), written as a loss to minimise::
 
     L = -1/G Σ_i  sgn(Â_i) · { Π_t | min(ρ_it Â_i, clip(ρ_it, e^-ε_low, e^ε_high) Â_i) | }^(1/|o_i|)
       = -1/G Σ_i  Â_i · exp( 1/|o_i| Σ_t clip_sgn(log ρ_it) )

@@ -1,6 +1,9 @@
-"""GPG: Group Policy Gradient (Chu et al., 2025; ../shared/papers/gpg.md).
+"""GPG: Group Policy Gradient.
 
-Loss (gpg.md Eq. 5 with Eq. 6-8 and Algorithm 1, line 3)::
+Paper: "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning" (Chu et al., 2025),
+https://arxiv.org/abs/2504.02546.
+
+Loss (the GPG paper's Eq. 5 with Eq. 6-8 and Algorithm 1, line 3)::
 
     L = -α · 1/Σ|o_i| Σ_i Σ_t  log π_θ(o_it | q, o_i,<t) · Â_i
     Â_i = (r_i - mean(r_group)) / F_norm                  (Eq. 6; F_norm = 1 by default, or the group std)

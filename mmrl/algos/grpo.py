@@ -1,5 +1,9 @@
 """GRPO (Shao et al., 2024, DeepSeekMath §4.1) with DAPO's decoupled clip range as an option.
 
+Paper: "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+https://arxiv.org/abs/2402.03300; DAPO: "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+https://arxiv.org/abs/2503.14476.
+
 Objective (DeepSeekMath Eq. 3, written as a loss to minimise)::
 
     L = 1/G Σ_i 1/|o_i| Σ_t  -min(ρ_it Â_i, clip(ρ_it, 1-ε_low, 1+ε_high) Â_i) + β·KL_k3(π_θ || π_ref)_it

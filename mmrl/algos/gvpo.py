@@ -1,6 +1,9 @@
-"""GVPO: Group Variance Policy Optimization (Zhang et al., NeurIPS 2025; ../shared/papers/gvpo.md).
+"""GVPO: Group Variance Policy Optimization.
 
-Gradient (gvpo.md Eq. 8), per group of k responses y_1..y_k of prompt x::
+Paper: "GVPO: Group Variance Policy Optimization for Large Language Model Post-Training" (Zhang et al.,
+NeurIPS 2025), https://arxiv.org/abs/2504.19599.
+
+Gradient (the GVPO paper's Eq. 8), per group of k responses y_1..y_k of prompt x::
 
     ∇L = -β Σ_i w_i ∇ log π_θ(y_i|x)
     w_i = (R_i - R̄) - β [ (log π_θ(y_i|x)/π_θ'(y_i|x)) - mean_j (log π_θ(y_j|x)/π_θ'(y_j|x)) ]

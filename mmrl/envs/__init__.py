@@ -6,6 +6,6 @@
 """
 
 from mmrl.envs.actions import ParsedAction, format_action, parse_action
-from mmrl.envs.base import EnvError, StepResult, TextEnv
+from mmrl.envs.base import EnvError, EnvInfo, StepResult, TextEnv
 
-__all__ = ["EnvError", "ParsedAction", "StepResult", "TextEnv", "format_action", "parse_action"]
+__all__ = ["EnvError", "EnvInfo", "ParsedAction", "StepResult", "TextEnv", "format_action", "parse_action"]

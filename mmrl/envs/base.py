@@ -13,14 +13,51 @@ Rules every env keeps:
 - ``step`` never raises for bad model output: it returns a penalty and a reason in ``info``.
 - An env that breaks (engine crash, timeout) raises :class:`EnvError`; whoever drives it ends that episode as
   failed and keeps the run going.
-- ``info`` carries at least ``won`` (bool) once ``done``; envs with task families add ``task_type``.
+- ``info`` is an :class:`EnvInfo`: it carries at least ``won`` (bool) once ``done``; envs with task families add
+  ``task_type``.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+from typing import Any, TypedDict
+
+
+class EnvInfo(TypedDict, total=False):
+    """The ``info`` dict of :meth:`TextEnv.reset` and :class:`StepResult`: the keys every trainer may read.
+
+    An env sets the keys it knows; a driver reads them with ``info.get`` (only ``won`` is required, once done).
+
+    Keys:
+        won: the episode was won (False until then); an episode's success.
+        task_type: the task family of the episode (an ALFWorld task type), for per-type metrics.
+        admissible_actions: the commands the env accepts in this state.
+        action_valid: the last step's command was admissible.
+        format_ok: the last step's output was well-formed (its action tags); malformed output costs a penalty.
+        reason: why ``format_ok`` is False ("" otherwise).
+        truncated: set once done: True when the step limit, not the game, ended the episode.
+        task: the goal in words.
+        action: the command the env took from the last output.
+        feedback: the engine's bare text for the last step (the observation without the env's framing).
+        step: steps taken so far in the episode.
+        gamefile: the game the episode plays.
+        seed: the reset seed, echoed.
+    """
+
+    won: bool
+    task_type: str
+    admissible_actions: list[str]
+    action_valid: bool
+    format_ok: bool
+    reason: str
+    truncated: bool
+    task: str
+    action: str
+    feedback: str
+    step: int
+    gamefile: str
+    seed: int | None
 
 
 class EnvError(RuntimeError):
@@ -29,22 +66,51 @@ class EnvError(RuntimeError):
 
 @dataclasses.dataclass
 class StepResult:
-    observation: str  # feedback text for the action just taken
-    reward: float  # reward of this step (the episode return is the sum)
-    done: bool  # the episode is over (won, lost, or the step limit)
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What :meth:`TextEnv.step` returns.
+
+    Args:
+        observation: the feedback text for the action just taken (incremental: only what is new).
+        reward: this step's reward; an episode's return is the sum over its steps.
+        done: the episode is over (won, lost, or the step limit).
+        info: the step's :class:`EnvInfo`.
+    """
+
+    observation: str
+    reward: float
+    done: bool
+    info: EnvInfo = dataclasses.field(default_factory=dict)
 
 
 class TextEnv(abc.ABC):
     """A text environment for language-model agents. Subclasses implement ``reset`` and ``step``."""
 
     @abc.abstractmethod
-    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start an episode; returns the first observation text and an info dict. Same seed and options → same start."""
+    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, EnvInfo]:
+        """Start an episode. Same seed and options give the same start.
+
+        Args:
+            seed: the episode's seed (deterministic envs may only echo it).
+            options: env-specific settings for this episode (ALFWorld: ``{"game_path": ...}`` switches games).
+
+        Returns:
+            The first observation text (the whole first prompt: task, observation, admissible actions) and the
+            episode's :class:`EnvInfo`.
+        """
 
     @abc.abstractmethod
     async def step(self, action_text: str) -> StepResult:
-        """Apply the model's raw output ``action_text``: the feedback, the step reward and whether it is over."""
+        """Apply one model turn.
+
+        Args:
+            action_text: the model's raw output, reasoning included; the env parses its own action format and scores
+                malformed output itself (a penalty and ``info["reason"]``, never an exception).
+
+        Returns:
+            The feedback, the step's reward, whether the episode is over, and the step's :class:`EnvInfo`.
+
+        Raises:
+            EnvError: the env itself broke (engine crash, timeout); the episode ends as failed.
+        """
 
     async def close(self) -> None:  # noqa: B027 - optional hook: most envs hold nothing to release
         """Release engine resources. Safe to call twice."""

@@ -158,7 +158,7 @@ def build_flags(cfg: TrainConfig, inputs: LaunchInputs, kl_coef: float, out_dir:
         # objective: advantages and loss are mmrl's (the estimator only avoids a critic)
         "algo.advantage.estimator": "group_norm",
         "algo.kl.init_coef": kl_coef,
-        # MoE (issue 6): the load-balancing loss of the model's own router, 0 by default as in the local trainer
+        # MoE: the load-balancing loss of the model's own router, 0 by default as in the local trainer
         "actor.aux_loss_coef": cfg.moe.aux_loss_coef,
         # outputs
         "ckpt.path": f"{out_dir}/checkpoints", "ckpt.output_dir": f"{out_dir}/model",

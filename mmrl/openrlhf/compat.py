@@ -1,10 +1,10 @@
 """OpenRLHF 0.11.2 on a transformers newer than its pin (5.15.0): loading a model under DeepSpeed ZeRO-3.
 
 OpenRLHF's ``models/actor.py`` replaces transformers' ``integrations.deepspeed._apply_weight_conversions_to_state_dict``
-with a fix of its own (OpenRLHF issue 1232: keys that already match the model are set aside before the checkpoint's
-renamings and put back after), which calls ``.update`` on what the original returns. From transformers 5.2x that
-function is a generator of state dicts (loaded one at a time), so every ZeRO-3 model load fails with
-``AttributeError: 'generator' object has no attribute 'update'`` -- the CPU rehearsal of the ZeRO-3 paper recipes
+with a fix of its own (https://github.com/OpenRLHF/OpenRLHF/issues/1232: keys that already match the model are set aside
+before the checkpoint's renamings and put back after), which calls ``.update`` on what the original returns. From
+transformers 5.2x that function is a generator of state dicts (loaded one at a time), so every ZeRO-3 model load fails
+with ``AttributeError: 'generator' object has no attribute 'update'`` -- the CPU rehearsal of the ZeRO-3 paper recipes
 found it (tests/test_recipes.py). With such a transformers, :func:`install_zero3_loading_fix` installs the same fix
 written for the generator, marked as OpenRLHF marks its own, so OpenRLHF keeps it instead of installing the broken
 one. With the pinned transformers (a dict is returned) it changes nothing.

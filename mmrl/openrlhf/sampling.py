@@ -1,4 +1,4 @@
-"""GPG's valid-sample threshold β_th (gpg.md Alg. 1 line 1) across OpenRLHF's vLLM engines.
+"""GPG's valid-sample threshold β_th (the GPG paper's Alg. 1 line 1) across OpenRLHF's vLLM engines.
 
 ``MmrlSamplesGenerator.generate_samples`` asks OpenRLHF's generator (which spreads prompts over every vLLM engine and
 returns each prompt's group consecutively, rewards included) for one rollout step; while fewer than β_th of its

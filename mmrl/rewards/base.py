@@ -23,7 +23,13 @@ class RewardResult:
 
 
 class Reward:
-    """A batched reward: ``reward(completions, samples) -> list[RewardResult]`` with scores in ``[low, high]``."""
+    """A batched reward: ``reward(completions, samples) -> list[RewardResult]`` with scores in ``[low, high]``.
+
+    Args:
+        name: the registry name (``get_reward(name)``) and the result's component name.
+        low, high: the declared score range; scores outside it are clipped, non-finite ones score ``low``.
+        batch_fn: ``(completions, samples) -> list[RewardResult]``, one result per completion.
+    """
 
     def __init__(self, name: str, low: float, high: float,
                  batch_fn: Callable[[Sequence[str], Sequence[Sample]], list[RewardResult]]):
@@ -35,6 +41,17 @@ class Reward:
         return f"Reward({self.name!r}, range=[{self.low}, {self.high}])"
 
     def __call__(self, completions: Sequence[str], samples: Sequence[Sample]) -> list[RewardResult]:
+        """Score completions; never raises on model output.
+
+        Args:
+            completions: the generated texts (the response only, not the prompt).
+            samples: the task row of each completion (its answer and metadata), same length as ``completions``.
+
+        Returns:
+            One :class:`RewardResult` per completion: ``score`` in ``[low, high]``, a ``reason`` when it is not the
+            maximum, and ``components`` (the parts of a weighted sum). An exception inside ``batch_fn`` scores every
+            completion of the batch ``low`` with the exception as the reason.
+        """
         if len(completions) != len(samples):
             raise ValueError(f"reward {self.name!r}: {len(completions)} completions but {len(samples)} samples")
         try:

@@ -1,4 +1,4 @@
-"""A learned reward model as a reward source (gvpo.md App. C uses one for summarisation).
+"""A learned reward model as a reward source (the GVPO paper's App. C uses one for summarisation).
 
 Any Hugging Face sequence-classification checkpoint works: its first logit on (prompt, completion) is the score.
 Scores are clipped to ``[-score_clip, score_clip]`` so that the declared range is finite and one outlier cannot

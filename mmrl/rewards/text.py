@@ -144,7 +144,7 @@ def think_answer_format(completion: str, sample: Sample) -> tuple[float, str | N
 def think_close_format(completion: str, sample: Sample) -> tuple[float, str | None]:
     """1 if the completion closes its reasoning with exactly one ``\\n</think>\\n``, else 0.
 
-    The format reward of Open-RS (``src/open_r1/rewards.py``, ``format_reward``) that cw-grpo.md App. C uses ("1.0
+    The format reward of Open-RS (``src/open_r1/rewards.py``, ``format_reward``) that CW-GRPO's App. C uses ("1.0
     when the output contains properly matched <think> tags"): DeepSeek-R1-Distill's chat template pre-fills
     ``<think>\\n`` after the assistant marker, so the completion holds only the closing tag, and a check for the whole
     ``<think>…</think><answer>…</answer>`` shape would score 0 on every completion of such a model.

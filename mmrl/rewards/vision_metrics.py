@@ -3,7 +3,7 @@
 Each is ``fn(completions, samples) -> {name: value}`` (a `Task.metrics`); samples carry the same ``coord_frame`` /
 ``original_hw`` / ``resized_hw`` the rewards read, so metrics and rewards agree on the frame.
 
-Grounding (gpg.md Table 8 reports mIoU and gIoU on LISA, following Visual-RFT and LISA, Lai et al. 2024):
+Grounding (the GPG paper's Table 8 reports mIoU and gIoU on LISA, following Visual-RFT and LISA, Lai et al. 2024):
 
 * ``miou`` -- mean over responses of the box IoU with the ground truth (a response with no readable box counts 0).
   LISA's "gIoU" is defined the same way -- "the average of all per-image IoUs" -- but over segmentation masks;

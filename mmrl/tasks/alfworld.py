@@ -1,4 +1,4 @@
-"""The ``alfworld`` task: multi-turn household games on the real TextWorld engine (gmpo.md Table 1d / App. D, the
+"""The ``alfworld`` task: multi-turn household games on the real TextWorld engine (GMPO's Table 1d / App. D, the
 GiGPO / verl-agent setup), played by :class:`mmrl.envs.alfworld.AlfWorldEnv`.
 
 Rows are games: ``{"game": path, "task_type": ...}`` from a generated set (built into the cache on first use by
@@ -40,9 +40,9 @@ ALFWORLD_DEFAULTS = {
     "rollout.generation_batch_size": 64,
     "optim.lr": 2e-4,
     "optim.micro_batch_size": 8,
-    # A fresh Adam moves every weight by the full lr on its first step (m/sqrt(v) = sign g): k3 KL to pi_old of
-    # 0.2-12,000 after step 0 in every run without warm-up. 10 optimizer steps of linear warm-up remove it
-    # (docs/alfworld.md, sessions 11-12: no collapse in 6 seeds, against 2 of 6 without).
+    # A fresh Adam moves every weight by the full lr on its first step (m/sqrt(v) = sign g): k3 KL to pi_old
+    # far above 1 after step 0 in runs without warm-up, and some of those runs collapse. 10 optimizer steps of linear
+    # warm-up remove it (docs/alfworld.md, "Choices").
     "optim.warmup_steps": 10,
     "run.steps": 30,
     "run.eval_samples": 2,

@@ -64,6 +64,19 @@ def options_for_model(name: str, options: dict[str, Any], embedded: bool) -> dic
 
 @dataclasses.dataclass
 class Task:
+    """A single-turn task: prompts and the reward that scores their completions.
+
+    Args:
+        name: the registry name (``--task``).
+        train, eval: rows; each a dict with ``messages`` (the chat prompt; image items in the qwen-vl-utils layout
+            for tasks with images) and whatever the reward reads (``answer``, boxes, options, ...). ``eval`` is the
+            held-out split, never trained on.
+        reward: the :class:`mmrl.rewards.Reward` of a completion given its row.
+        accuracy_key, format_key: the reward components reported as "accuracy" and "format rate".
+        description: one line for ``--help``.
+        metrics: optional ``(completions, samples) -> {name: value}`` added to an evaluation (mIoU, ...).
+    """
+
     multi_turn: ClassVar[bool] = False
     name: str
     train: list[dict[str, Any]]

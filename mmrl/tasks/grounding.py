@@ -137,9 +137,9 @@ def grounding_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str, *, i
 # The default model is the embedded Qwen3-VL, whose ViT knows absolute positions (the tiny Qwen2.5-VL of the other
 # image tasks cannot localise; docs/vision.md). Its box answers are in the 0..1000 frame
 # ("<think>I look for the yellow triangle.</think><answer>[750,750,1000,1000]</answer>": 44 tokens with end of turn).
-# RL on it: lr 5e-4 (at the generic 1e-3 held-out mIoU rises for ~50 steps, then training reward and mIoU fall back
-# to the start), 150 steps (~6 min on one thread), held-out evaluation at step 0 and every 50 steps on 200 scenes × 2
-# samples (docs/benchmarks.md, "Session 7").
+# RL on it: lr 5e-4 (at the generic 1e-3 held-out mIoU rises for a while, then training reward and mIoU fall back
+# to the start), 150 steps, held-out evaluation at step 0 and every 50 steps on 200 scenes × 2 samples
+# (docs/vision.md).
 GROUNDING_DEFAULTS = {"model.name": EMBEDDED_GROUNDING_NAME, "rollout.max_new_tokens": 48, "optim.lr": 5e-4,
                       "run.steps": 150, "run.eval_every": 50, "run.eval_samples": 2}
 

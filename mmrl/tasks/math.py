@@ -1,11 +1,11 @@
 """Math word problems with verifiable answers (MATH, DeepScaleR, Open-RS, ... in any local jsonl/parquet/csv file,
 or a Hugging Face dataset id when online).
 
-The prompt is the R1 template used by the papers (cw-grpo.md App. B): think in ``<think>``, answer in ``<answer>``.
+The prompt is the R1 template used by the papers (CW-GRPO's App. B): think in ``<think>``, answer in ``<answer>``.
 Reward = math-verify accuracy + ``format_weight`` × a format term, chosen by ``format_reward``:
 
 * ``think_answer``: the whole completion is ``<think>…</think><answer>…</answer>`` (R1 / R1-V);
-* ``think_close``: the completion holds exactly one ``\\n</think>\\n`` (Open-RS, cw-grpo.md App. C), for models whose
+* ``think_close``: the completion holds exactly one ``\\n</think>\\n`` (Open-RS, CW-GRPO's App. C), for models whose
   chat template pre-fills ``<think>`` (DeepSeek-R1-Distill).
 
 ``template`` places the problem in the user turn (``{problem}`` is replaced), for evaluation prompts such as

@@ -1,4 +1,4 @@
-"""Multiple-choice visual reasoning in the SAT / CV-Bench layout (gpg.md Table 7): image(s), a question, options,
+"""Multiple-choice visual reasoning in the SAT / CV-Bench layout (GPG's Table 7): image(s), a question, options,
 and the correct option.
 
 With no ``path`` the bundled synthetic set is used: flat-coloured shapes with questions of the ``kinds`` listed

@@ -13,8 +13,8 @@ loss; the rest of the loop is the same. They may start with a supervised warm-up
 
 The run's objects (task and reward, objective, model, tokenizer, vision processor) come from the backend-neutral
 build layer (mmrl/trainer/build.py), as for the OpenRLHF backend. This file knows no objective by name: what one needs
-from the loop is declared by the `mmrl.algos.Algorithm` contract (GPG's resampling rule β_th, gpg.md Alg. 1 line 1;
-GVPO's replay of historical responses as an off-policy π_s, gvpo.md Theorem 3.2; a reference model).
+from the loop is declared by the `mmrl.algos.Algorithm` contract (GPG's resampling rule β_th, GPG's Alg. 1 line 1;
+GVPO's replay of historical responses as an off-policy π_s, GVPO's Theorem 3.2; a reference model).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ Qwen3-VL-MoE   ``qwen3_vl_moe``   16          ``norm1000``
 =============  =================  ==========  ============================================================
 
 Every family merges 2×2 patches into one LLM token (``spatial_merge_size``), so an image resized to H×W (multiples of
-``patch × merge``) costs ``H·W / (patch · merge)²`` tokens. Qwen3-VL's frame is not what INTERFACES.md's summary line
-says ("pixels for Qwen2.5-VL and later"); it is what the Qwen3-VL model card documents, and rewards read the frame
-from each sample, so the value is all that changes.
+``patch × merge``) costs ``H·W / (patch · merge)²`` tokens. Qwen3-VL went back to relative 0..1000 coordinates (what
+its model card documents), not Qwen2.5-VL's resized pixels; rewards read the frame from each sample, so the value is
+all that changes.
 """
 
 from __future__ import annotations

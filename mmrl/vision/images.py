@@ -1,7 +1,7 @@
 """Images of vision samples: loading from a path, raw bytes (parquet), an HF ``{"bytes", "path"}`` dict or a PIL image,
 and finding them in a chat.
 
-A vision sample's user content is a list in the qwen-vl-utils layout (INTERFACES.md)::
+A vision sample's user content is a list in the qwen-vl-utils layout (docs/architecture.md)::
 
     {"messages": [{"role": "user", "content": [{"type": "image", "image": <path | bytes | PIL.Image>},
                                                {"type": "text", "text": "..."}]}], "answer": ...}

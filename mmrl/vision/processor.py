@@ -11,7 +11,7 @@ Pipeline for one row (``VisionProcessor.encode``):
    ``image_grid_thw``; the resized (h, w) the model really saw is read back from ``image_grid_thw``.
 
 ``annotate`` then adds ``coord_frame``, ``resized_hw`` and ``original_hw`` (lists of (h, w), one per image) to the
-sample, as INTERFACES.md asks, so that box rewards can convert the model's frame to original pixels.
+sample (docs/architecture.md), so that box rewards can convert the model's frame to original pixels.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class VisionProcessor:
         return VisionPrompt(ids, inputs, resized, original)
 
     def annotate(self, sample: dict[str, Any], prompt: VisionPrompt) -> dict[str, Any]:
-        """A copy of ``sample`` with ``coord_frame``, ``resized_hw`` and ``original_hw`` (INTERFACES.md)."""
+        """A copy of ``sample`` with ``coord_frame``, ``resized_hw`` and ``original_hw`` (docs/architecture.md)."""
         return {**sample, "coord_frame": self.family.coord_frame, "resized_hw": [list(x) for x in prompt.resized_hw],
                 "original_hw": [list(x) for x in prompt.original_hw]}
 

@@ -1,6 +1,6 @@
 """``AlfWorldEnv``: an ALFWorld game as a :class:`~mmrl.envs.base.TextEnv`, with verl-agent's conventions.
 
-Episode rules (verl-agent / GiGPO ALFWorld setup; gmpo.md App. D uses the same):
+Episode rules (verl-agent / GiGPO ALFWorld setup; the GMPO paper's App. D uses the same):
 - the model writes ``<think>...</think><action>command</action>``; the command is matched exactly against the
   engine's admissible commands (after lower-casing and collapsing spaces, see :mod:`mmrl.envs.actions`);
 - the reward of a step is ``success_reward`` (10) on the step that wins the game, minus ``invalid_action_penalty``

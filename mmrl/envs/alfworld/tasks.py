@@ -15,7 +15,7 @@ TASK_TYPES: tuple[str, ...] = (
     "pick_two_obj_and_place",
 )
 
-# Short names (gmpo.md / verl-agent report per-type success under these) -> official task_type.
+# Short names (the GMPO paper / verl-agent report per-type success under these) -> official task_type.
 SHORT_NAMES: dict[str, str] = {
     "pick_and_place": "pick_and_place_simple",
     "look_at_obj_in_light": "look_at_obj_in_light",
