@@ -21,7 +21,10 @@ from mmrl.cache import (
 )
 from mmrl.models.build import build_model
 from mmrl.models.embedded import BUILD_RECORD, BUILDERS, KERNELS_PINNED_HERE, write_embedded
+from mmrl.models.loading import is_embedded
 from mmrl.models.shipped import WEIGHTS_DIR
+from mmrl.train import parse_config
+from mmrl.trainer.build import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,6 +75,11 @@ def test_the_build_command_builds_into_a_new_folder_with_pinned_kernels(tmp_path
     assert not any(p.name.startswith(".building-") for p in tmp_path.iterdir())
     if KERNELS_PINNED_HERE and " avx2" in Path("/proc/cpuinfo").read_text():
         assert record["kernels"] == "AVX2"
+    # a rebuild is an embedded model: tasks keep the prompts it was pre-trained on (no instruct system prompt)
+    cfg = parse_config(["--model", str(out), "--task", "arithmetic"])
+    build_task(cfg)
+    assert is_embedded(str(out)) and "system_prompt" not in cfg.task.options
+    assert not is_embedded(str(tmp_path))
 
 
 def test_a_build_never_replaces_a_folder_or_the_shipped_weights(tmp_path, capsys):

@@ -20,6 +20,7 @@ import torch
 
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.hub import locate_path_or_hub_id
+from mmrl.models.embedded import BUILD_RECORD
 from mmrl.models.gguf_cache import dequantised_copy
 from mmrl.models.shipped import shipped_model
 from mmrl.vision.processor import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionProcessor
@@ -28,8 +29,12 @@ SMOLLM2 = "smollm2-135m-instruct"
 
 
 def is_embedded(spec: str) -> bool:
-    """True for the embedded models (shipped with the package, pre-trained on the bundled tasks' default prompts)."""
-    return spec == "embedded" or spec.startswith("embedded:")
+    """True for the embedded models: pre-trained on the bundled tasks' default prompts, so tasks keep those for them.
+    That is an ``embedded:`` name (shipped with the package) or a folder built by one of their recipes
+    (``python -m mmrl.models.build``, which writes its build record there)."""
+    if spec == "embedded" or spec.startswith("embedded:"):
+        return True
+    return (Path(os.path.expanduser(spec)) / BUILD_RECORD).is_file()
 
 
 def resolve(spec: str, check_hub: bool = True) -> tuple[str, str | None]:
