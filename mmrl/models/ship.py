@@ -136,7 +136,8 @@ def measure(name: str, eval_args: str) -> dict:
         if done.returncode != 0:
             raise RunError(f"--eval: python -m mmrl.eval exited with {done.returncode} (its error is printed above)")
         result = json.loads(out.read_text())
-    return {"command": shlex.join(["python", "-m", "mmrl.eval", "--model", name, *args]), "result": result}
+    return {"command": shlex.join(["python", "-m", "mmrl.eval", "--model", name, *args]), "eval_args": args,
+            "result": result}
 
 
 def warm_start_skill(record_path: Path, command: str) -> dict:
