@@ -148,3 +148,27 @@ def test_the_skill_of_a_warm_start_is_its_greedy_held_out_evaluations(tmp_path):
     record.write_text("{}")
     with pytest.raises(ValueError, match="no 'final' entry of a greedy held-out evaluation"):
         warm_start_skill(record, "python x")
+
+
+def test_one_command_ships_a_warm_started_agent(tmp_path, capsys):
+    """The command that adds benchmarks/alfworld.py's warm-started agent: its folder has no build.json, its skill is
+    the greedy held-out success the warm start measured, its record the command that made it."""
+    from mmrl.cache import EMBEDDED_AGENT_NAME, EMBEDDED_AGENT_SFT_NAME, EMBEDDED_VERSIONS
+    from mmrl.models.ship import main
+
+    source = tmp_path / "sft-seed0"
+    shutil.copytree(WEIGHTS_DIR / MANIFEST[EMBEDDED_AGENT_NAME]["dir"], source / "model")
+    (source / "warm_start.json").write_text(json.dumps({"final": {"valid_seen/greedy": {"pass@1": 0.25}}}))
+    weights = tmp_path / "weights"
+    command = "python benchmarks/alfworld.py --rl-steps 0 --out OUT"
+    bad = ["--from", str(source / "model"), "--warm-start", str(tmp_path / "none.json"), "--command", command]
+    assert main([EMBEDDED_AGENT_SFT_NAME, *bad, "--weights", str(weights)]) == 2
+    assert "--warm-start: cannot read" in capsys.readouterr().err and not weights.exists()
+    assert main([EMBEDDED_AGENT_SFT_NAME, "--from", str(source / "model"), "--warm-start",
+                 str(source / "warm_start.json"), "--command", command, "--weights", str(weights)]) == 0
+    entry = read_manifest(weights)["models"][EMBEDDED_AGENT_SFT_NAME]
+    assert entry["dir"] == EMBEDDED_VERSIONS[EMBEDDED_AGENT_SFT_NAME] and entry["command"] == command
+    assert entry["skill"] == {"command": command, "result": {"valid_seen/greedy": {"pass@1": 0.25}},
+                              "source": "warm_start.json"}
+    assert "recorded" in entry["build"] and {"torch", "transformers", "kernels"} <= set(entry["build"])
+    assert shipped_model(EMBEDDED_AGENT_SFT_NAME, weights) == weights / entry["dir"]

@@ -7,8 +7,14 @@ default), the build's versions and kernels (DIR's ``build.json``; without one, t
 
 * ``--eval "ARGS"`` runs ``python -m mmrl.eval --model NAME ARGS`` on the shipped copy and records its result and
   command (given alone, without ``--from``, it measures an already shipped model again);
-* ``--warm-start FILE --skill-command CMD`` records the held-out greedy evaluations of a warm start's record
-  (``warm_start.json`` of benchmarks/alfworld.py), measured by the run that built the model.
+* ``--warm-start FILE`` records the held-out greedy evaluations of a warm start's record (``warm_start.json`` of
+  benchmarks/alfworld.py), measured by the run that built the model (its command: ``--skill-command``, by default
+  the build's ``--command``).
+
+The ALFWorld warm-started agent, for example, is added with::
+
+    python -m mmrl.models.ship embedded:tiny-qwen2-agent-sft --from OUT/sft-seed0/model \
+        --warm-start OUT/sft-seed0/warm_start.json --command "python benchmarks/alfworld.py ... --out OUT"
 
 A model already shipped under that name or folder is replaced only with ``--replace``.
 """
@@ -166,11 +172,20 @@ def _main(argv: list[str] | None) -> None:
                         help='measure it: python -m mmrl.eval arguments, e.g. "--task arithmetic --k 8"')
     parser.add_argument("--warm-start", default="", metavar="FILE",
                         help="record the held-out greedy evaluations of this warm_start.json as its skill")
-    parser.add_argument("--skill-command", default="", help="the command that measured --warm-start's figures")
+    parser.add_argument("--skill-command", default="",
+                        help="the command that measured --warm-start's figures (default: the build's --command)")
     parser.add_argument("--replace", action="store_true", help="replace the shipped copy of this name")
+    parser.add_argument("--weights", default=str(WEIGHTS_DIR), help="the weights folder to ship into (default: this "
+                                                                    "mmrl's)")
     args = parser.parse_args(argv)
-    if args.warm_start and not args.skill_command:
-        raise ValueError("--warm-start needs --skill-command (the command whose run wrote it)")
+    weights = Path(args.weights)
+    if not (args.source or args.eval_args or args.warm_start):
+        raise ValueError("nothing to do: give --from DIR (and --eval or --warm-start for its skill)")
+    if args.warm_start and args.eval_args:
+        raise ValueError("--warm-start and --eval both give the skill: choose one")
+    if args.eval_args and weights.resolve() != WEIGHTS_DIR:
+        raise ValueError("--eval measures the copy in this mmrl's own weights folder; leave out --weights")
+    command = args.command or read_manifest(weights)["models"].get(args.name, {}).get("command", "")
     if args.source:
         version = args.version or EMBEDDED_VERSIONS.get(args.name, "")
         if not version:
@@ -179,16 +194,19 @@ def _main(argv: list[str] | None) -> None:
                                    if args.name in RECIPE_VERSIONS else "")
         if not command:
             raise ValueError(f"--command: {args.name} has no recipe here; give the command that built it")
-        entry = ship_files(args.name, Path(args.source), version, command, args.replace)
-        print(f"shipped {args.name} into {WEIGHTS_DIR / version} ({len(entry['files'])} files, "
+    skill = None
+    if args.warm_start:  # read before anything is copied: a bad record leaves the package as it was
+        if not (args.skill_command or command):
+            raise ValueError("--warm-start: give --skill-command (the command whose run wrote the record)")
+        skill = warm_start_skill(Path(args.warm_start), args.skill_command or command)
+    if args.source:
+        entry = ship_files(args.name, Path(args.source), version, command, args.replace, weights)
+        print(f"shipped {args.name} into {weights / version} ({len(entry['files'])} files, "
               f"{entry['bytes'] / 2**20:.2f} MiB)")
-    elif not (args.eval_args or args.warm_start):
-        raise ValueError("nothing to do: give --from DIR (and --eval or --warm-start for its skill)")
-    if args.warm_start:
-        record_skill(args.name, warm_start_skill(Path(args.warm_start), args.skill_command))
     if args.eval_args:
         skill = measure(args.name, args.eval_args)
-        record_skill(args.name, skill)
+    if skill is not None:
+        record_skill(args.name, skill, weights)
         print(f"recorded the skill of {args.name}: {skill['command']}")
 
 
