@@ -1,9 +1,10 @@
-"""The on-disk cache every run shares, and the embedded models kept in it: their names and recipe versions.
+"""The on-disk cache every run shares, and the names and recipe versions of the embedded models.
 
 A leaf: it imports nothing from mmrl, so tasks, models, config and both backends can name an embedded model or find
-the cache without importing the code that builds one. An embedded model is built on first use into
-``cache_root()/models/<recipe version>`` (mmrl/models/embedded.py); changing a recipe means bumping its version here,
-so that nobody's cached model is overwritten.
+the cache without importing the code that loads one. The embedded models ship with the package, one folder per recipe
+version (`mmrl.models.shipped`); the cache holds what is generated on a user's machine: de-quantised GGUF copies and
+the generated vision and ALFWorld sets. Changing a recipe means bumping its version here and shipping the new build
+(``python -m mmrl.models.build`` then ``python -m mmrl.models.ship``) beside the old one.
 """
 
 from __future__ import annotations
@@ -32,16 +33,20 @@ EMBEDDED_MOE_NAME = "embedded:tiny-qwen3-moe"
 EMBEDDED_AGENT_NAME = "embedded:tiny-qwen2-agent"  # the default of --task alfworld
 EMBEDDED_VL_NAME = "embedded:tiny-qwen2.5-vl"  # the default of tasks with images
 EMBEDDED_GROUNDING_NAME = "embedded:tiny-qwen3-vl"  # the default of --task grounding (it needs absolute positions)
+EMBEDDED_AGENT_SFT_NAME = "embedded:tiny-qwen2-agent-sft"  # the agent, warm-started on ALFWorld demonstrations
 
 RECIPE_VERSION = "tiny-qwen2-v3"
 MOE_RECIPE_VERSION = "tiny-qwen3-moe-v2"
 AGENT_RECIPE_VERSION = "tiny-qwen2-agent-v3"  # v3: tool-calling chat template (TRL)
 VL_RECIPE_VERSION = "tiny-qwen2.5-vl-v4"  # v4: 900 clean steps on geo-synth-v3 diagrams
 GROUNDING_RECIPE_VERSION = "tiny-qwen3-vl-v2"  # v2: 2400 steps on one-shape grid scenes, 1200 on 2-3-shape ones
+# built by benchmarks/alfworld.py's warm start (SFT of the agent on the explorer's demonstrations), not by a recipe here
+AGENT_SFT_VERSION = "tiny-qwen2-agent-sft-v1"
 
 RECIPE_VERSIONS = {EMBEDDED_NAME: RECIPE_VERSION, EMBEDDED_MOE_NAME: MOE_RECIPE_VERSION,
                    EMBEDDED_AGENT_NAME: AGENT_RECIPE_VERSION, EMBEDDED_VL_NAME: VL_RECIPE_VERSION,
                    EMBEDDED_GROUNDING_NAME: GROUNDING_RECIPE_VERSION}
+EMBEDDED_VERSIONS = {**RECIPE_VERSIONS, EMBEDDED_AGENT_SFT_NAME: AGENT_SFT_VERSION}  # the folder each one ships in
 
 
 def cache_root() -> Path:

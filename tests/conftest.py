@@ -1,4 +1,5 @@
-"""Shared test set-up: the embedded model is built once into the repo's .cache (git-ignored) and reused."""
+"""Shared test set-up: the cache of generated data (the repo's .cache, git-ignored), threads, the embedded default's
+folder, small configs and the generated ALFWorld set."""
 
 from __future__ import annotations
 
@@ -68,9 +69,10 @@ def pytest_runtest_teardown(item, nextitem):
 
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> Path:
-    from mmrl.models import build_embedded
+    from mmrl.cache import EMBEDDED_NAME
+    from mmrl.models import shipped_model
 
-    return build_embedded()
+    return shipped_model(EMBEDDED_NAME)
 
 
 SMALL_RUN = {"rollout.prompts_per_step": 4, "rollout.samples_per_prompt": 4, "rollout.max_new_tokens": 12,

@@ -61,6 +61,7 @@ def test_the_rehearsal_layout_and_flags(tmp_path, embedded_model_dir):
     assert args.eval.steps == -1  # run.eval_every 0: OpenRLHF never evaluates mid-run; mmrl's trainer does at the end
 
 
+@pytest.mark.slow  # starts a local Ray cluster
 def test_an_unplaceable_layout_is_named_within_the_timeout():
     ray = pytest.importorskip("ray")
     from openrlhf_stubs import openrlhf_importable

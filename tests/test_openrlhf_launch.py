@@ -354,10 +354,10 @@ def test_completion_text_of_a_vision_prompt(tmp_path):
     from transformers import AutoProcessor
 
     from mmrl.cache import EMBEDDED_VL_NAME
-    from mmrl.models import build_embedded
+    from mmrl.models import shipped_model
     from mmrl.openrlhf.reward import _special_tokens
 
-    path = str(build_embedded(name=EMBEDDED_VL_NAME))
+    path = str(shipped_model(EMBEDDED_VL_NAME))
     processor = AutoProcessor.from_pretrained(path)
     image = tmp_path / "a.png"
     Image.new("RGB", (112, 112), "white").save(image)

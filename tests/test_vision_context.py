@@ -18,9 +18,9 @@ from mmrl.vision.processor import VisionProcessor
 @pytest.fixture(scope="module")
 def vl_dir():
     from mmrl.cache import EMBEDDED_VL_NAME
-    from mmrl.models import build_embedded
+    from mmrl.models import shipped_model
 
-    return str(build_embedded(name=EMBEDDED_VL_NAME))
+    return str(shipped_model(EMBEDDED_VL_NAME))
 
 
 def _png(width: int, height: int) -> bytes:

@@ -23,17 +23,17 @@ from mmrl.vision.processor import VisionProcessor
 @pytest.fixture(scope="session")
 def vl_dir():
     from mmrl.cache import EMBEDDED_VL_NAME
-    from mmrl.models import build_embedded
+    from mmrl.models import shipped_model
 
-    return build_embedded(name=EMBEDDED_VL_NAME)
+    return shipped_model(EMBEDDED_VL_NAME)
 
 
 @pytest.fixture(scope="session")
 def grounding_dir():
     from mmrl.cache import EMBEDDED_GROUNDING_NAME
-    from mmrl.models import build_embedded
+    from mmrl.models import shipped_model
 
-    return build_embedded(name=EMBEDDED_GROUNDING_NAME)
+    return shipped_model(EMBEDDED_GROUNDING_NAME)
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,16 @@
-"""The embedded default models: tiny Qwen2 / Qwen3-MoE with a byte-level BPE tokenizer, built locally, no download.
+"""The recipes of the embedded models: tiny Qwen2 / Qwen3-MoE with a byte-level BPE tokenizer, pre-trained here.
 
-``build_embedded(cache_dir, name)`` is deterministic: the same recipe gives the same files on every x86-64 machine.
-Pre-training a tiny model from scratch is chaotic: a matmul that rounds one last bit differently grows, over hundreds of
-steps, into a different model. PyTorch and MKL choose their kernels by the CPU's instruction set, and AVX-512 kernels
-round differently from AVX2 ones, so before the kernels were pinned the same recipe built a different model on an
-AVX-512 machine (the geoqa default started at held-out pass@1 0.20 instead of the documented 0.34, and grounding's
-default did not learn). The build therefore runs in a child process whose kernels are capped at AVX2
-(``PINNED_KERNELS``), with one thread. Other architectures (aarch64) build with their own kernels: deterministic on
-one machine, not equal to x86-64's.
+The models ship with the package as files (`mmrl.models.shipped`: ``mmrl/models/weights/``, each checked against the
+sha256 in its manifest) and are never built at run time. The recipes below are how they were built, and
+``python -m mmrl.models.build NAME --out DIR`` (`mmrl.models.build`) runs one again.
+
+A rebuild is a new model, not a copy of the shipped one. Pre-training a tiny model from scratch is chaotic: a matmul
+that rounds one last bit differently grows, over hundreds of steps, into a different model, and PyTorch and MKL pick
+their kernels by the CPU's instruction set and their own version. The build therefore runs in a child process whose
+x86-64 kernels are capped at AVX2 (``PINNED_KERNELS``), with one thread and fixed seeds, which makes it repeatable on
+one machine; other machines and library versions built other weights from the same recipe (with another skill), so
+the shipped files and their measured skill (in the manifest) are the reference, and `benchmarks/rebuild.py` compares
+a rebuild's skill with theirs.
 
 ``embedded:tiny-qwen2`` (the default):
 
@@ -15,37 +18,34 @@ one machine, not equal to x86-64's.
    ``tokenizers`` on text generated from the bundled task templates (~0.5 s).
 2. A Qwen2ForCausalLM (hidden 64, 2 layers, ~0.15 M parameters) is initialised with a fixed seed.
 3. It is pre-trained for ~10 s (200 steps) on the bundled arithmetic task, answers in ``<answer>N</answer>``
-   format. That is deliberately too short: the result is a weak base model that answers in the right format ~94 % of
-   the time and is right a bit under half of the time (held-out pass@1 0.46 with ``python -m mmrl.eval --k 64``).
-   That is the regime RL with verifiable rewards works in on real LLMs (it sharpens what the base model can sometimes
-   do), so a few CPU minutes of RL show the objectives doing their job rather than a blind search from chance.
+   format. That is deliberately too short: the result is a weak base model that answers in the right format most of
+   the time and is right a bit under half of the time (the manifest records its held-out pass@1). That is the regime
+   RL with verifiable rewards works in on real LLMs (it sharpens what the base model can sometimes do), so a few CPU
+   minutes of RL show the objectives doing their job rather than a blind search from chance.
 
 ``embedded:tiny-qwen3-moe``: the same recipe with a Qwen3-MoE (8 experts, 2 active per token, ~0.25 M parameters)
 pre-trained on the bundled CountDown task (two numbers, + - *) with the load-balancing loss on, as MoE pre-training
-does (training split only; held-out pass@1 0.45 with k = 64); its tokenizer also sees CountDown prompts.
+does (training split only); its tokenizer also sees CountDown prompts.
 
 ``embedded:tiny-qwen2-agent`` (the default of ``--task alfworld``): a Qwen2 (hidden 128, 4 layers, ~1.1 M parameters)
 with a long context (4096 positions) and a 1024-token BPE trained on ALFWorld's vocabulary (the engine's object and
 receptacle names, its observation and action phrasing, the agent prompt), so that an observation costs about one
 token per word rather than one per byte. It is not pre-trained: the ``--sft-warmup`` on the explorer's demonstrations
-(mmrl/envs/alfworld/explorer.py) is its pre-training.
+(mmrl/envs/alfworld/explorer.py) is its pre-training. ``embedded:tiny-qwen2-agent-sft`` is that model after such a
+warm start (benchmarks/alfworld.py; the manifest holds its command).
 
 ``embedded:tiny-qwen2.5-vl`` (the default of tasks with images) and ``embedded:tiny-qwen3-vl`` (the default of
 ``--task grounding``, whose ViT knows absolute positions) are built by `mmrl.models.embedded_vl`.
 
-Results are cached under ``$MMRL_CACHE`` (default ``~/.cache/mmrl``) keyed by each recipe's version; names, versions
-and the cache root live in the leaf module `mmrl.cache`.
+Names and recipe versions live in the leaf module `mmrl.cache`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import platform
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -57,8 +57,6 @@ from mmrl.cache import (
     EMBEDDED_NAME,
     EMBEDDED_VL_NAME,
     RECIPE_VERSIONS,
-    build_once,
-    cache_root,
 )
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -206,38 +204,40 @@ def text_examples(tokenizer, example=arithmetic_example):
     return draw
 
 
-def _build_dense():
+def _build_dense(steps: int | None = None):
     from mmrl.models.pretrain import pretrain
 
     tokenizer = train_tokenizer()
     model = tiny_qwen2(tokenizer)
-    pretrain(model, text_examples(tokenizer), tokenizer.pad_token_id, steps=200, batch_size=64)
+    pretrain(model, text_examples(tokenizer), tokenizer.pad_token_id, steps=DENSE_PRETRAIN_STEPS if steps is None
+             else steps, batch_size=64)
     return model, tokenizer
 
 
-def _build_moe():
+def _build_moe(steps: int | None = None):
     from mmrl.models.pretrain import pretrain
 
     tokenizer = train_tokenizer(countdown=True)
     model = tiny_qwen3_moe(tokenizer)
-    pretrain(model, text_examples(tokenizer, countdown_example), tokenizer.pad_token_id, steps=MOE_PRETRAIN_STEPS,
-             batch_size=64)
+    pretrain(model, text_examples(tokenizer, countdown_example), tokenizer.pad_token_id,
+             steps=MOE_PRETRAIN_STEPS if steps is None else steps, batch_size=64)
     return model, tokenizer
 
 
-def _build_vl():
+def _build_vl(steps: int | None = None):
     from mmrl.models.embedded_vl import build_tiny_vl
 
-    return build_tiny_vl()
+    return build_tiny_vl(steps)
 
 
-def _build_grounding_vl():
+def _build_grounding_vl(steps: int | None = None):
     from mmrl.models.embedded_vl import build_tiny_grounding_vl
 
-    return build_tiny_grounding_vl()
+    return build_tiny_grounding_vl(steps)
 
 
-def _build_agent():
+def _build_agent(steps: int | None = None):
+    """The agent's recipe has no pre-training (see the module docstring): ``steps`` changes nothing."""
     from mmrl.models.agent_corpus import alfworld_corpus
 
     tokenizer = train_tokenizer(vocab_size=1024, corpus=alfworld_corpus)
@@ -247,10 +247,11 @@ def _build_agent():
     return tiny_qwen2(tokenizer, hidden=128, layers=4, max_positions=4096), tokenizer
 
 
+DENSE_PRETRAIN_STEPS = 200
 MOE_PRETRAIN_STEPS = 150
+# name -> builder(steps): (model, tokenizer or processor); steps None runs the recipe's own pre-training length
 BUILDERS = {EMBEDDED_NAME: _build_dense, EMBEDDED_MOE_NAME: _build_moe, EMBEDDED_VL_NAME: _build_vl,
-            EMBEDDED_AGENT_NAME: _build_agent,
-            EMBEDDED_GROUNDING_NAME: _build_grounding_vl}  # each cached under its recipe version (mmrl.cache)
+            EMBEDDED_AGENT_NAME: _build_agent, EMBEDDED_GROUNDING_NAME: _build_grounding_vl}
 
 
 # The kernels of every x86-64 build (see the module docstring): PyTorch's own, MKL's and oneDNN's, each capped at AVX2,
@@ -269,42 +270,22 @@ def pinned_kernel_env() -> dict[str, str]:
     return env
 
 
-BUILD_RECORD = "build.json"  # written last: how the model was built; a copy without it predates the pinned kernels
+BUILD_RECORD = "build.json"  # how a model was built: the recipe, its steps, the kernels, the library versions
 
 
-def write_embedded(name: str, directory: Path) -> None:
-    """Build embedded model ``name`` in this process and save it into ``directory`` (one thread, a fixed seed), with
-    a record of how: the recipe, the kernels and the library versions."""
+def write_embedded(name: str, directory: Path, steps: int | None = None) -> None:
+    """Build embedded model ``name`` in this process and save it into ``directory`` (one thread, fixed seeds), with
+    a record of how (``BUILD_RECORD``). ``steps``: pre-training steps instead of the recipe's (each phase's, for a
+    recipe of several), for a quick check of the recipe."""
     import transformers
 
     torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
     with torch.random.fork_rng():
-        model, tokenizer = BUILDERS[name]()
+        model, tokenizer = BUILDERS[name](steps)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)  # a processor (vision default) saves its tokenizer and image processor
-    record = {"name": name, "recipe": RECIPE_VERSIONS[name], "machine": platform.machine(),
+    record = {"name": name, "recipe": RECIPE_VERSIONS[name], "steps": steps, "machine": platform.machine(),
               "kernels": torch.backends.cpu.get_cpu_capability(),
               "pinned": {k: os.environ.get(k) for k in PINNED_KERNELS},
               "torch": torch.__version__, "transformers": transformers.__version__}
     (directory / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n")
-
-
-def build_embedded(cache_dir: Path | None = None, force: bool = False, name: str = EMBEDDED_NAME) -> Path:
-    """Path of an embedded model's directory, building it on first use (~10 s to ~13 min on one core)."""
-    if name not in BUILDERS:
-        raise ValueError(f"model: unknown embedded model {name!r}; choose one of: {', '.join(BUILDERS)}")
-    target = (cache_dir or cache_root()) / "models" / RECIPE_VERSIONS[name]
-
-    def build_into(directory: Path) -> None:
-        logging.getLogger("mmrl").info("building %s on first use (tokenizer + pre-training, ~10 s to ~13 min) into %s",
-                                       name, target)
-        # a child process: the kernels are chosen when PyTorch starts, and this one has started (its errors go to
-        # this process's stderr as they happen)
-        done = subprocess.run([sys.executable, "-m", "mmrl.models.build_child", name, str(directory)],
-                              env=pinned_kernel_env(), stdin=subprocess.DEVNULL, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"model: building {name} into {target} failed (the build process exited with "
-                               f"{done.returncode}; its error is printed above)")
-
-    # a copy without the build record (built in-process, before the kernels were pinned) is built again
-    return build_once(target, build_into, BUILD_RECORD, force=force)

