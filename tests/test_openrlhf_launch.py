@@ -335,7 +335,7 @@ def test_concurrent_first_calls_of_the_reward_func_file_all_score(tmp_path, embe
         return await asyncio.gather(*[executor._fetch_rewards_via_func(
             [f"{prompt}<answer>{answer}</answer>"], [prompt], [row["label"]]) for _ in range(8)])
 
-    assert [float(out[0]["rewards"][0]) for out in asyncio.run(eight_at_once())] == [1.0] * 8
+    assert [float(out[0]["rewards"][0]) for out in asyncio.run(eight_at_once())] == [1.5] * 8  # right and well-formed
 
 
 def test_completion_text_drops_the_prompt_and_special_tokens():

@@ -43,7 +43,7 @@ def test_run_artifacts_and_refusal_to_clobber(tmp_path, embedded_model_dir, smal
     run = trainer.run_dir
     assert (run / "curves.png").stat().st_size > 1000
     assert json.loads((run / "config.json").read_text())["algo"]["name"] == "grpo"
-    assert latest_checkpoint(run).parent.name == "step_0000002"
+    assert latest_checkpoint(run).name == "step_0000002"
     assert len(list((run / "checkpoints").glob("step_*"))) == 2  # keep_checkpoints
     with pytest.raises(ValueError, match="already holds a run"):
         build_trainer(small_config(tmp_path))
