@@ -59,8 +59,10 @@ def versions() -> dict[str, str]:
     return found
 
 
-def result_row(label: str, metric: str, values: dict[Any, float], unit: str = "") -> dict[str, Any]:
-    """One claim: ``values`` per seed (or per repeat); its mean, standard error (n - 1) and range are derived here."""
+def result_row(label: str, metric: str, values: dict[Any, float], unit: str = "", **tags: Any) -> dict[str, Any]:
+    """One claim: ``values`` per seed (or per repeat); its mean, standard error (n - 1) and range are derived here.
+    ``tags`` say what was measured in fields a program can match (task, algo, metric key, steps): `mmrl.expect`
+    reads them to set a user's run beside the published figure."""
     if not values:
         raise ValueError(f"result row {label!r}: no values")
     numbers = [float(v) for v in values.values()]
@@ -68,7 +70,8 @@ def result_row(label: str, metric: str, values: dict[Any, float], unit: str = ""
         raise ValueError(f"result row {label!r}: a value is not finite: {values}")
     se = statistics.stdev(numbers) / math.sqrt(len(numbers)) if len(numbers) > 1 else None
     return {"label": label, "metric": metric, "unit": unit, "values": {str(k): v for k, v in values.items()},
-            "n": len(numbers), "mean": statistics.mean(numbers), "se": se, "min": min(numbers), "max": max(numbers)}
+            "n": len(numbers), "mean": statistics.mean(numbers), "se": se, "min": min(numbers), "max": max(numbers),
+            **({"tags": tags} if tags else {})}
 
 
 def command_line(argv: list[str] | None = None) -> str:

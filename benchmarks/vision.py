@@ -153,10 +153,14 @@ def write_vision_summary(out: Path, runs: list[dict], groups: dict[tuple[str, st
         for k in TASKS[task][4][:2]:
             done = [r for r in rs if r["start"][k] is not None and r["end"][k] is not None]
             if done:
+                steps = done[0]["steps"]
+                options = {f.split(".", 1)[1]: v for f, v in TASKS[task][1].items() if f.startswith("task.")}
+                tags = {"task": TASKS[task][0], "options": options, "algo": algo, "metric": f"eval/{k}",
+                        "steps": steps}
                 rows.append(result_row(f"{task} {algo}", f"held-out {k} at step 0",
-                                       {r["seed"]: r["start"][k] for r in done}))
-                rows.append(result_row(f"{task} {algo}", f"held-out {k} rise by step {done[0]['steps']}",
-                                       {r["seed"]: r["end"][k] - r["start"][k] for r in done}))
+                                       {r["seed"]: r["start"][k] for r in done}, kind="start", **tags))
+                rows.append(result_row(f"{task} {algo}", f"held-out {k} rise by step {steps}",
+                                       {r["seed"]: r["end"][k] - r["start"][k] for r in done}, kind="rise", **tags))
     seeds = sorted({r["seed"] for r in runs})
     lr_flags = {r.get("lr_flag", 0.0) for r in runs}  # 0: the task's own lr
     command = (f"python benchmarks/vision.py curves --tasks {','.join(sorted({r['task'] for r in runs}))} "

@@ -16,7 +16,8 @@ The ALFWorld warm-started agent, for example, is added with::
     python -m mmrl.models.ship embedded:tiny-qwen2-agent-sft --from OUT/sft-seed0/model \
         --warm-start OUT/sft-seed0/warm_start.json --command "python benchmarks/alfworld.py ... --out OUT"
 
-A model already shipped under that name or folder is replaced only with ``--replace``.
+A model already shipped under that name or folder is replaced only with ``--replace``. ``--expect SUMMARY.json``
+keeps a benchmark summary's per-seed figures with the model, for ``python -m mmrl.expect RUN_DIR``.
 """
 
 from __future__ import annotations
@@ -127,6 +128,25 @@ def record_skill(name: str, skill: dict, weights_dir: Path = WEIGHTS_DIR) -> Non
     write_manifest(manifest, weights_dir)
 
 
+def record_expectation(name: str, summary_path: Path, weights_dir: Path = WEIGHTS_DIR) -> None:
+    """Keep the tagged rows of a benchmark summary (benchmarks/results/<name>.json) with the shipped model, so that
+    `mmrl.expect` can set a user's run beside the published figure without the repository's benchmarks folder."""
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--expect: cannot read {summary_path}: {exc}") from None
+    rows = [row for row in summary.get("rows", []) if row.get("tags")] if isinstance(summary, dict) else []
+    if not rows:
+        raise ValueError(f"--expect: {summary_path} has no tagged rows (task, algo, metric, steps) to compare with")
+    manifest = read_manifest(weights_dir)
+    if name not in manifest["models"]:
+        raise ValueError(f"model: {name} is not shipped; add it with --from DIR first")
+    stem = summary_path.stem
+    manifest["models"][name].setdefault("expected", {})[stem] = {
+        "title": summary["title"], "command": summary["command"], "results": f"docs/results.md#{stem}", "rows": rows}
+    write_manifest(manifest, weights_dir)
+
+
 def measure(name: str, eval_args: str) -> dict:
     """``python -m mmrl.eval --model NAME ARGS`` on the shipped copy, in a child process; its command and result."""
     args = shlex.split(eval_args)
@@ -174,13 +194,16 @@ def _main(argv: list[str] | None) -> None:
                         help="record the held-out greedy evaluations of this warm_start.json as its skill")
     parser.add_argument("--skill-command", default="",
                         help="the command that measured --warm-start's figures (default: the build's --command)")
+    parser.add_argument("--expect", default="", metavar="SUMMARY",
+                        help="keep a benchmark summary's per-seed figures of this model (benchmarks/results/X.json) "
+                             "for python -m mmrl.expect")
     parser.add_argument("--replace", action="store_true", help="replace the shipped copy of this name")
     parser.add_argument("--weights", default=str(WEIGHTS_DIR), help="the weights folder to ship into (default: this "
                                                                     "mmrl's)")
     args = parser.parse_args(argv)
     weights = Path(args.weights)
-    if not (args.source or args.eval_args or args.warm_start):
-        raise ValueError("nothing to do: give --from DIR (and --eval or --warm-start for its skill)")
+    if not (args.source or args.eval_args or args.warm_start or args.expect):
+        raise ValueError("nothing to do: give --from DIR (and --eval or --warm-start for its skill), or --expect")
     if args.warm_start and args.eval_args:
         raise ValueError("--warm-start and --eval both give the skill: choose one")
     if args.eval_args and weights.resolve() != WEIGHTS_DIR:
@@ -208,6 +231,9 @@ def _main(argv: list[str] | None) -> None:
     if skill is not None:
         record_skill(args.name, skill, weights)
         print(f"recorded the skill of {args.name}: {skill['command']}")
+    if args.expect:
+        record_expectation(args.name, Path(args.expect), weights)
+        print(f"recorded {args.expect}'s figures as what a run of {args.name} should show")
 
 
 def main(argv: list[str] | None = None) -> int:
