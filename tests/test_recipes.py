@@ -123,15 +123,33 @@ def test_gmpo_alfworld_recipe_dry_run(tmp_path, capsys):
 
 # --- one CPU rehearsal step of each recipe (--cluster.rehearsal true, docs/cluster.md) --------------------------------
 # The recipe YAML, then the flags below as the command line's layer over it (resolve_config): the paper's model
-# swapped for the embedded model of its modality, and only sizes a CPU cannot hold shrunk -- prompts per step, new
-# tokens (evaluation sets' too), ALFWorld episodes, turns and games, the GPU layout (1 policy rank and 1 engine; 2 of
-# each for ALFWorld, as the vision and ALFWorld runs of tests/test_openrlhf_rehearsal.py did). Objective, loss
-# aggregation, KL, rewards, lr schedule, update scheme (mini-batches, micro-batches, ZeRO stage) and evaluation sets
-# stay the recipe's. The stand-in problems are ones the embedded models were pre-trained on (recipe_data.py), so
-# rewards differ within groups and the step's loss is not zero.
+# swapped for the embedded model of its modality (a text model also gets the bare question, BARE_QUESTION), and only
+# sizes a CPU cannot hold shrunk -- prompts per step, new tokens (evaluation sets' too), ALFWorld episodes, turns and
+# games, the GPU layout (1 policy rank and 1 engine; 2 of each for ALFWorld, as the vision and ALFWorld runs of
+# tests/test_openrlhf_rehearsal.py did). Objective, loss aggregation, KL, rewards, lr schedule, update scheme
+# (mini-batches, micro-batches, ZeRO stage) and evaluation sets stay the recipe's. The stand-in problems are ones the
+# embedded models were pre-trained on (recipe_data.py), so rewards differ within groups and the step's loss is not
+# zero.
 ONE_RANK = ["--steps", "1", "--cluster.gpus_per_node", "1", "--cluster.vllm_engines", "1",
             "--cluster.vllm_tensor_parallel_size", "1", "--model.threads", "1"]
-BARE_QUESTION = ["--task.system_prompt", ""]  # the embedded text model was pre-trained on the question alone
+# The embedded text model was pre-trained on the question alone as the only turn: under a recipe's system prompt or
+# its user-turn wrapping (GVPO's Open-Reasoner-Zero text before the problem) it writes no answer tag, every reward
+# is 0 and no group varies, so the rehearsal step would have no gradient to check.
+BARE_QUESTION = ["--task.system_prompt", "", "--task.template", "{problem}"]
+
+
+@pytest.mark.parametrize("recipe,stand_in", [("gvpo_math_qwen2.5-math-7b", recipe_data.math_lighteval_train),
+                                             ("cw_grpo_openrs_r1-distill-qwen-1.5b", recipe_data.open_rs_train)])
+def test_text_rehearsals_ask_the_bare_question(recipe, stand_in, tmp_path):
+    """What a text recipe's rehearsal step sends the embedded model is each stand-in problem alone as the only turn,
+    the chat it was pre-trained on, whatever system prompt and template the recipe gives its real model."""
+    from mmrl.trainer.build import build_task
+
+    train = stand_in(tmp_path, 6)
+    cfg = parse_config(["--config", str(CLUSTER / f"{recipe}.yaml"), "--model", "embedded:tiny-qwen2",
+                        "--task.path", train, *BARE_QUESTION])
+    rows = build_task(cfg).train
+    assert rows and all(row["messages"] == [{"role": "user", "content": row["problem"]}] for row in rows)
 
 
 def _shrunk_sets(recipe: str, files: dict[str, str], tokens: int) -> list[str]:
