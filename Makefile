@@ -43,6 +43,7 @@ setup: $(VENV)/.installed
 demo: setup
 	$(BIN)/python -m mmrl.train --algo $(ALGO) --task $(TASK) --steps $(STEPS) --out runs/demo-$(ALGO) \
 		--run.overwrite true --run.eval_every 20
+	@$(BIN)/python -m mmrl.expect runs/demo-$(ALGO)
 	@echo "curves: runs/demo-$(ALGO)/curves.png"
 
 test: setup
