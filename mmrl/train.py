@@ -14,6 +14,7 @@ import json
 import sys
 
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
+from mmrl.errors import UserError
 from mmrl.trainer.config import OPEN_SECTIONS, TrainConfig, load_yaml, resolve_config
 from mmrl.trainer.metrics import read_metrics
 from mmrl.trainer.run_dir import saved_layer
@@ -65,7 +66,7 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, bool]:
         print(json.dumps(cfg.to_dict(), indent=2, default=str))
         sys.exit(0)
     if args.dry_run and cfg.run.backend != "openrlhf":
-        raise ValueError("--dry-run prints an OpenRLHF launch; it needs --backend openrlhf")
+        raise UserError("--dry-run prints an OpenRLHF launch; it needs --backend openrlhf")
     return cfg, args.dry_run
 
 

@@ -18,6 +18,7 @@ import yaml
 
 import mmrl.algos as algos
 from mmrl.cache import EMBEDDED_NAME
+from mmrl.errors import UserError
 from mmrl.trainer.schedule import SCHEDULES
 from mmrl.trainer.text_sampler import SAMPLERS
 from mmrl.values import YAMLBoundError, as_default_type, safe_yaml, yaml_scalar
@@ -235,13 +236,13 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
         elif key in ("algo", "task", "model") and not isinstance(value, dict):
             flat[f"{key}.name"] = value
         elif key in SECTIONS:
-            raise ValueError(f"config ({origin}): section {key!r} must be a mapping of fields, got {value!r}")
+            raise UserError(f"config ({origin}): section {key!r} must be a mapping of fields, got {value!r}")
         else:
             flat[key] = value
     for key, value in flat.items():
         section, _, field = key.partition(".")
         if section not in SECTIONS or not field:
-            raise ValueError(f"config ({origin}): unknown field {key!r}{_suggest(section, SECTIONS)}")
+            raise UserError(f"config ({origin}): unknown field {key!r}{_suggest(section, SECTIONS)}")
         fields = _section_fields(section)
         obj = getattr(cfg, section)
         if field in fields and field not in OPEN_SECTIONS.values():
@@ -251,7 +252,7 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
             # a task option keeps its text as written: the task converts it by its option's type (tasks/base.py)
             extra[field] = yaml_scalar(value) if isinstance(value, str) and section != "task" else value
         else:
-            raise ValueError(f"config ({origin}): unknown field {key!r}{_suggest(field, fields)}")
+            raise UserError(f"config ({origin}): unknown field {key!r}{_suggest(field, fields)}")
 
 
 def resolve_config(layers: list[tuple[dict[str, Any], str]]) -> TrainConfig:
@@ -297,17 +298,17 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 def load_yaml(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"config: no such file {path!r}")
+        raise UserError(f"config: no such file {path!r}")
     try:
         data = safe_yaml(p.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as exc:
-        raise ValueError(f"config: {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+        raise UserError(f"config: {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
     except YAMLBoundError as exc:
-        raise ValueError(f"config: {path} is refused: {yaml_problem(exc)}") from None
+        raise UserError(f"config: {path} is refused: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"config: {path} is not valid YAML: {yaml_problem(exc)}") from None
+        raise UserError(f"config: {path} is not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config: {path} must hold a mapping of sections, got {type(data).__name__}")
+        raise UserError(f"config: {path} must hold a mapping of sections, got {type(data).__name__}")
     return data
 
 
@@ -318,17 +319,17 @@ def eval_set_configs(cfg: TrainConfig) -> list[EvalSetConfig]:
     for i, entry in enumerate(cfg.evaluation.sets):
         where = f"evaluation.sets[{i}]"
         if not isinstance(entry, dict):
-            raise ValueError(f"config: {where} must be a mapping of {', '.join(fields)}, got {entry!r}")
+            raise UserError(f"config: {where} must be a mapping of {', '.join(fields)}, got {entry!r}")
         unknown = set(entry) - set(fields)
         if unknown:
             name = sorted(unknown)[0]
-            raise ValueError(f"config: {where} has no field {name!r}{_suggest(name, fields)}")
+            raise UserError(f"config: {where} has no field {name!r}{_suggest(name, fields)}")
         values = {}
         for key, value in entry.items():
             default = fields[key].default if key != "options" else {}
             if key == "options":
                 if not isinstance(value, dict):
-                    raise ValueError(f"config: {where}.options must be a mapping of task options, got {value!r}")
+                    raise UserError(f"config: {where}.options must be a mapping of task options, got {value!r}")
                 values[key] = dict(value)
             else:
                 values[key] = _coerce(f"{where}.{key}", value, default)
@@ -348,9 +349,9 @@ def eval_set_configs(cfg: TrainConfig) -> list[EvalSetConfig]:
         ]
         for field, ok, why in checks:
             if not ok:
-                raise ValueError(f"config: {where}.{field} {why}, got {getattr(es, field)!r}")
+                raise UserError(f"config: {where}.{field} {why}, got {getattr(es, field)!r}")
         if any(other.name == es.name for other in out):
-            raise ValueError(f"config: {where}.name {es.name!r} is used twice")
+            raise UserError(f"config: {where}.name {es.name!r} is used twice")
         out.append(es)
     return out
 
@@ -417,23 +418,23 @@ def validate(cfg: TrainConfig) -> None:
     for name, ok, why in checks:
         if not ok:
             section, field = name.split(".")
-            raise ValueError(f"config: {name} {why}, got {getattr(getattr(cfg, section), field)!r}")
+            raise UserError(f"config: {name} {why}, got {getattr(getattr(cfg, section), field)!r}")
     eval_set_configs(cfg)
     if cfg.optim.min_lr_ratio and cfg.optim.schedule != "cosine":
-        raise ValueError(f"config: optim.min_lr_ratio is the floor of optim.schedule cosine; it has no effect on "
+        raise UserError(f"config: optim.min_lr_ratio is the floor of optim.schedule cosine; it has no effect on "
                          f"{cfg.optim.schedule!r}")
     if cfg.model.lora_rank:
         from mmrl.models.lora import parse_targets
 
         parse_targets(cfg.model.lora_targets)
     if cfg.moe.routing_replay and cfg.model.gradient_checkpointing:
-        raise ValueError("config: moe.routing_replay cannot be combined with model.gradient_checkpointing (the "
+        raise UserError("config: moe.routing_replay cannot be combined with model.gradient_checkpointing (the "
                          "recomputation in backward would not replay the routing)")
     if cfg.moe.freeze_router and (cfg.moe.aux_loss_coef > 0 or cfg.moe.z_loss_coef > 0):
-        raise ValueError("config: moe.freeze_router with a router loss (moe.aux_loss_coef / moe.z_loss_coef) would "
+        raise UserError("config: moe.freeze_router with a router loss (moe.aux_loss_coef / moe.z_loss_coef) would "
                          "train the rest of the network to balance a frozen router; use one or the other")
     objective = algos.ALGORITHMS.get(cfg.algo.name)  # an unknown name fails when the objective is built
     if cfg.rollout.replay_historical and objective is not None and not objective.replays_history:
         replaying = "/".join(sorted(name for name, cls in algos.ALGORITHMS.items() if cls.replays_history))
-        raise ValueError(f"config: rollout.replay_historical needs --algo {replaying} (an objective that is exact on "
+        raise UserError(f"config: rollout.replay_historical needs --algo {replaying} (an objective that is exact on "
                          f"responses of older policies; {cfg.algo.name} is not)")
