@@ -60,9 +60,11 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, section: str, obj: Any,
         if f.name in skip or (only is not None and f.name not in only):
             continue
         default = getattr(obj, f.name)
-        text = f"{f.metadata['help']} " if "help" in f.metadata else ""  # a field's own words, where it has them
+        limit = f.metadata.get("range")
+        text = f.metadata.get("help", "") + (f"; {limit.text}" if limit is not None else "")
         group.add_argument(f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
-                           metavar=type(default).__name__.upper(), help=f"{text}(default: {default!r})")
+                           metavar=type(default).__name__.upper(),
+                           help=f"{text} (default: {default!r})".replace("%", "%%"))
 
 
 def split_open_flags(extra: list[str], sections: set[str]) -> dict[str, str]:
