@@ -18,6 +18,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from mmrl.errors import UserError
+
 try:
     import fcntl
 except ImportError:  # not a POSIX system: builds are not serialised (each builds; the complete copy is kept)
@@ -57,7 +59,7 @@ def cache_root() -> Path:
         if os.path.lexists(where):
             if not where.is_dir():
                 name = f"MMRL_CACHE={given}" if given else f"the cache folder {root}"
-                raise ValueError(f"{name}: {where} is a file, not a folder; "
+                raise UserError(f"{name}: {where} is a file, not a folder; "
                                  + ("point MMRL_CACHE at a folder" if given else "set MMRL_CACHE to a folder"))
             break
     return root

@@ -6,17 +6,19 @@ import argparse
 import dataclasses
 import errno
 import logging
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import mmrl.algos as algos
-from mmrl.errors import Interrupted, RunError, checkpoint_note
+from mmrl.errors import Interrupted, RunError, UserError, checkpoint_note
 from mmrl.tasks import TASKS
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors (a flag without its value, a bad choice) are a ValueError, so they end as one
+    """An ArgumentParser whose errors (a flag without its value, a bad choice) are a UserError, so they end as one
     line and exit code 2 like every other bad input, not as a usage dump. Flags are never abbreviated: a task option
     such as ``--task.reward`` would otherwise be read as a prefix of ``--task.reward_model``."""
 
@@ -24,7 +26,7 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
-        raise ValueError(f"{message} (see --help)")
+        raise UserError(f"{message} (see --help)")
 
 
 def _short(value: Any) -> str:
@@ -58,9 +60,11 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, section: str, obj: Any,
         if f.name in skip or (only is not None and f.name not in only):
             continue
         default = getattr(obj, f.name)
-        text = f"{f.metadata['help']} " if "help" in f.metadata else ""  # a field's own words, where it has them
+        limit = f.metadata.get("range")
+        text = f.metadata.get("help", "") + (f"; {limit.text}" if limit is not None else "")
         group.add_argument(f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
-                           metavar=type(default).__name__.upper(), help=f"{text}(default: {default!r})")
+                           metavar=type(default).__name__.upper(),
+                           help=f"{text} (default: {default!r})".replace("%", "%%"))
 
 
 def split_open_flags(extra: list[str], sections: set[str]) -> dict[str, str]:
@@ -72,10 +76,10 @@ def split_open_flags(extra: list[str], sections: set[str]) -> dict[str, str]:
         key, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         section = key.partition(".")[0]
         if not key or section not in sections or "." not in key:
-            raise ValueError(f"unknown option {arg!r} (see --help)")
+            raise UserError(f"unknown option {arg!r} (see --help)")
         if not eq:
             if i + 1 >= len(extra):
-                raise ValueError(f"option {arg!r} needs a value")
+                raise UserError(f"option {arg!r} needs a value")
             value = extra[i + 1]
             i += 1
         out[key] = value
@@ -105,17 +109,28 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def debug() -> bool:
+    """``MMRL_DEBUG=1``: a failure reported as one line shows its traceback first, to find where it was raised; the
+    exit code stays the same, so scripts that test it behave alike with and without the switch."""
+    return os.environ.get("MMRL_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run ``main``; a ValueError (bad config or data) becomes one line on stderr and exit code 2, a `RunError` or a
-    full disk one line and exit code 1, a second signal exit code 128 + signal."""
+    """Run ``main``; a `UserError` (bad config or data) becomes one line on stderr and exit code 2, a `RunError` or a
+    full disk one line and exit code 1, a second signal exit code 128 + signal. Any other exception is a bug and keeps
+    its traceback (exit code 1). ``MMRL_DEBUG=1`` shows the traceback of a user error too."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
     try:
         return main(argv) or 0
-    except ValueError as exc:
+    except UserError as exc:
+        if debug():
+            traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RunError as exc:
+        if debug():
+            traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

@@ -26,6 +26,7 @@ import torch
 
 from mmrl.batch import Response
 from mmrl.cli import OneLineParser, run_cli
+from mmrl.errors import UserError
 from mmrl.rewards.base import RewardResult
 from mmrl.trainer.checkpoint import (
     DIGEST,
@@ -67,19 +68,19 @@ def read_legacy(path: Path) -> dict[str, Any]:
     """An older mmrl's ``state.pt`` through torch's restricted loader; ValueError (one line) for anything else."""
     digest = path.parent / LEGACY_DIGEST
     if digest.is_file() and file_sha256(path) != digest.read_text().strip():
-        raise ValueError(f"{path} is damaged (its SHA-256 does not match {LEGACY_DIGEST}); not converted")
+        raise UserError(f"{path} is damaged (its SHA-256 does not match {LEGACY_DIGEST}); not converted")
     try:
         with torch.serialization.safe_globals(LEGACY_TYPES):
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         first = next((line for line in lines if "unsupported" in line.lower()), lines[0] if lines else "")
-        raise ValueError(f"{path} holds what an mmrl checkpoint never does ({first.strip()[:200]}); not converted, "
+        raise UserError(f"{path} holds what an mmrl checkpoint never does ({first.strip()[:200]}); not converted, "
                          f"and nothing in it was run") from None
     except (OSError, RuntimeError, EOFError) as exc:
-        raise ValueError(f"{path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+        raise UserError(f"{path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
-        raise ValueError(f"{path} is not a checkpoint of mmrl.train (no model state)")
+        raise UserError(f"{path} is not a checkpoint of mmrl.train (no model state)")
     return _plain(state)
 
 
@@ -100,7 +101,7 @@ def convert_run(run_dir: Path) -> list[Path]:
     cannot be."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
-        raise ValueError(f"{run_dir} has no checkpoints folder; is it a run directory of mmrl.train?")
+        raise UserError(f"{run_dir} has no checkpoints folder; is it a run directory of mmrl.train?")
     todo = [f for f in sorted(root.glob("step_*")) if (f / LEGACY_STATE).is_file() and not (f / STATE).exists()]
     for folder in todo:
         convert_folder(folder)

@@ -1,11 +1,19 @@
 """Failures that are reported as one line by the command line (mmrl.cli.run_cli), not as a traceback.
 
-``ValueError`` is bad input (config, data, paths): exit code 2. These two are the others.
+`UserError` is bad input (config, data, paths): exit code 2. `RunError` is a failure of the machine: exit code 1.
+Every other exception is a bug (in mmrl, a plug-in or a library) and keeps its traceback. This module imports nothing
+from mmrl, so every layer may raise these.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+class UserError(ValueError):
+    """Bad input that the user can fix (a flag, a config field, a data file or row, a path): one line naming it, exit
+    code 2. A ValueError so that callers catching bad input as ValueError keep working; a plain ValueError is not
+    bad input but a bug, and keeps its traceback."""
 
 
 class RunError(RuntimeError):

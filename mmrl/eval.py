@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
-from mmrl.errors import RunError
+from mmrl.errors import RunError, UserError
 from mmrl.trainer.config import TrainConfig, load_yaml, resolve_config, validate
 from mmrl.trainer.run_dir import is_mmrl_config, run_owning, trained_task
 
@@ -46,7 +46,7 @@ def model_from_run(spec: str) -> tuple[str, Path | None, dict | None]:
     path = Path(spec)
     if is_mmrl_config(path / "config.json"):  # a model folder's config.json (transformers') is not a run's
         if latest_checkpoint(path) is None:
-            raise ValueError(f"model: run directory {spec!r} has no checkpoint yet")
+            raise UserError(f"model: run directory {spec!r} has no checkpoint yet")
         ckpt, state, _ = load_latest(path)  # an unreadable newer one is skipped with a warning
         base = json.loads((path / "config.json").read_text())["model"]["name"]
         return base, ckpt, state
@@ -170,21 +170,21 @@ def check_output_file(flag: str, path: str, overwrite: bool, overwrite_flag: str
     target = Path(path)
     folder = target.parent
     if not folder.is_dir():
-        raise ValueError(f"{flag}: {str(target)!r}: the folder {str(folder)!r} "
+        raise UserError(f"{flag}: {str(target)!r}: the folder {str(folder)!r} "
                          + ("is not a folder" if folder.exists() else "does not exist"))
     if target.is_dir():
-        raise ValueError(f"{flag}: {str(target)!r} is a folder; give a file name, e.g. {str(target / 'eval.json')!r}")
+        raise UserError(f"{flag}: {str(target)!r} is a folder; give a file name, e.g. {str(target / 'eval.json')!r}")
     run = run_owning(target)
     if run is not None:
-        raise ValueError(f"{flag}: {str(target)!r} is one of the files of the mmrl run in {str(run)!r}; write the "
+        raise UserError(f"{flag}: {str(target)!r} is one of the files of the mmrl run in {str(run)!r}; write the "
                          f"results to another file")
     if target.exists() and not overwrite:
-        raise ValueError(f"{flag}: {str(target)!r} already exists; pass {overwrite_flag} to replace it")
+        raise UserError(f"{flag}: {str(target)!r} already exists; pass {overwrite_flag} to replace it")
     try:  # a folder one cannot write into (read-only, /proc) is found now, not after the evaluation
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".mmrl-eval-"):
             pass
     except OSError as exc:
-        raise ValueError(f"{flag}: cannot write into {str(folder)!r} "
+        raise UserError(f"{flag}: cannot write into {str(folder)!r} "
                          f"({os.strerror(exc.errno) if exc.errno else exc})") from None
 
 

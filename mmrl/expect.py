@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.cli import run_cli
+from mmrl.errors import UserError
 from mmrl.models.shipped import WEIGHTS_DIR, read_manifest
 
 
@@ -22,7 +23,7 @@ def held_out(run_dir: Path) -> dict[str, tuple[float, float]]:
     """{metric: (first, last)} of the run's held-out evaluations (``eval/...`` entries of metrics.jsonl)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        raise ValueError(f"{run_dir} has no metrics.jsonl: is it a finished run's --out?")
+        raise UserError(f"{run_dir} has no metrics.jsonl: is it a finished run's --out?")
     evals = [record for record in map(json.loads, path.read_text().splitlines())
              if any(key.startswith("eval/") for key in record)]
     keys = {key for record in evals for key in record if key.startswith("eval/")}
@@ -49,7 +50,7 @@ def report(run_dir: Path, weights_dir: Path = WEIGHTS_DIR) -> list[str]:
     try:
         config = json.loads((run_dir / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{run_dir}: cannot read the run's config.json ({exc})") from None
+        raise UserError(f"{run_dir}: cannot read the run's config.json ({exc})") from None
     rows = matching_rows(config, weights_dir)
     if not rows:
         return [f"no published figure for {config['model']['name']} × {config['task']['name']} × "
@@ -70,7 +71,7 @@ def report(run_dir: Path, weights_dir: Path = WEIGHTS_DIR) -> list[str]:
 def _main(argv: list[str] | None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        raise ValueError("usage: python -m mmrl.expect RUN_DIR")
+        raise UserError("usage: python -m mmrl.expect RUN_DIR")
     print("\n".join(report(Path(args[0]))))
 
 

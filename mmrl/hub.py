@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import threading
 
+from mmrl.errors import UserError
+
 PROBE_TIMEOUT_S = 3.0
 
 
@@ -62,7 +64,7 @@ def locate_hub_id(repo_id: str, field: str) -> str:
     if snapshot is not None:
         return snapshot
     why = "HF_HUB_OFFLINE is set" if offline_by_env() else f"the hub did not answer within {PROBE_TIMEOUT_S:.0f} s"
-    raise ValueError(f"{field}: {repo_id!r} is not a local path, and it is not in the Hugging Face cache while "
+    raise UserError(f"{field}: {repo_id!r} is not a local path, and it is not in the Hugging Face cache while "
                      f"offline ({why}); give a local directory, or download it on a machine with network access")
 
 
@@ -71,5 +73,5 @@ def locate_path_or_hub_id(spec: str, field: str, check_hub: bool = True) -> str:
     ``x/y/z``, ``x\\y``); anything else is a hub id (``org/name`` or ``name``), checked by `locate_hub_id` unless
     ``check_hub`` is false (a cluster launch: the id is loaded on the cluster, not here)."""
     if spec.startswith(("/", ".", "~")) or spec.count("/") > 1 or "\\" in spec or not spec.strip():
-        raise ValueError(f"{field}: no such directory {spec!r}")
+        raise UserError(f"{field}: no such directory {spec!r}")
     return locate_hub_id(spec, field) if check_hub else spec

@@ -20,6 +20,8 @@ import dataclasses
 
 import torch
 
+from mmrl.errors import UserError
+
 Tensor = torch.Tensor
 
 
@@ -53,7 +55,7 @@ REPLAYABLE = {"Qwen3MoeTopKRouter": "norm_topk_prob", "Qwen2MoeTopKRouter": "nor
 def check_replayable(model: torch.nn.Module) -> None:
     for name, router in find_routers(model):
         if type(router).__name__ not in REPLAYABLE:
-            raise ValueError(f"moe.routing_replay: router {name} ({type(router).__name__}) computes its mixing "
+            raise UserError(f"moe.routing_replay: router {name} ({type(router).__name__}) computes its mixing "
                              f"weights in a way replay does not reproduce; replay supports {sorted(REPLAYABLE)}")
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.batch import Group
+from mmrl.errors import UserError
 from mmrl.files import atomic_write_text
 
 SAMPLES_FILE = "samples.jsonl"
@@ -101,9 +102,9 @@ def write_samples(path: str | Path, records: list[dict[str, Any]], overwrite: bo
     """Write ``records`` as JSON lines to a new file; refuse an existing one unless ``overwrite``."""
     target = Path(path)
     if target.exists() and not overwrite:
-        raise ValueError(f"--save-samples: {str(target)!r} already exists; pass --overwrite-samples to replace it")
+        raise UserError(f"--save-samples: {str(target)!r} already exists; pass --overwrite-samples to replace it")
     if target.is_dir():
-        raise ValueError(f"--save-samples: {str(target)!r} is a directory; name a file")
+        raise UserError(f"--save-samples: {str(target)!r} is a directory; name a file")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("".join(_dumps(r) + "\n" for r in records))
     return target

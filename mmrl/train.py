@@ -14,7 +14,8 @@ import json
 import sys
 
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
-from mmrl.trainer.config import OPEN_SECTIONS, TrainConfig, load_yaml, resolve_config
+from mmrl.errors import UserError
+from mmrl.trainer.config import OPEN_SECTIONS, SECTIONS, TrainConfig, load_yaml, resolve_config
 from mmrl.trainer.metrics import read_metrics
 from mmrl.trainer.run_dir import saved_layer
 
@@ -28,7 +29,7 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, bool]:
     defaults = TrainConfig()
     parser = OneLineParser(prog="python -m mmrl.train", description=__doc__, epilog=catalogue(),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file with sections model/moe/task/algo/rollout/optim/run")
+    parser.add_argument("--config", help=f"YAML file with sections {'/'.join(SECTIONS)}")
     parser.add_argument("--algo", dest="algo.name", default=argparse.SUPPRESS, help="objective (default: grpo)")
     parser.add_argument("--task", dest="task.name", default=argparse.SUPPRESS, help="task (default: arithmetic)")
     parser.add_argument("--model", dest="model.name", default=argparse.SUPPRESS,
@@ -44,11 +45,9 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, bool]:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="openrlhf backend: print the resolved OpenRLHF launch and exit without starting Ray")
-    sections = (("model", {"name"}), ("moe", set()), ("task", {"name", "options"}), ("algo", {"name", "params"}),
-                ("rollout", set()), ("optim", set()), ("sft", set()), ("run", set()), ("evaluation", set()),
-                ("cluster", set()))
-    for section, skip in sections:
-        add_dataclass_flags(parser, section, getattr(defaults, section), skip)
+    own_flags = {"model": {"name"}, "task": {"name", "options"}, "algo": {"name", "params"}}  # --model, --task.X, ...
+    for section in SECTIONS:
+        add_dataclass_flags(parser, section, getattr(defaults, section), own_flags.get(section, set()))
     args, extra = parser.parse_known_args(join_negative_values(sys.argv[1:] if argv is None else argv))
     layers = []  # (overrides, origin), lowest precedence first
     resume_dir = getattr(args, "run.out_dir", None)
@@ -65,7 +64,7 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, bool]:
         print(json.dumps(cfg.to_dict(), indent=2, default=str))
         sys.exit(0)
     if args.dry_run and cfg.run.backend != "openrlhf":
-        raise ValueError("--dry-run prints an OpenRLHF launch; it needs --backend openrlhf")
+        raise UserError("--dry-run prints an OpenRLHF launch; it needs --backend openrlhf")
     return cfg, args.dry_run
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from mmrl.errors import UserError
+
 TextReader = Callable[[str, Any], Any]
 
 
@@ -120,30 +122,30 @@ def as_default_type(where: str, value: Any, default: Any, read_text: TextReader 
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
-        raise ValueError(f"{where} must be true or false, got {value!r}")
+        raise UserError(f"{where} must be true or false, got {value!r}")
     if isinstance(default, int):
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ValueError(f"{where} must be an integer{' or null' if allow_none else ''}, got {value!r}")
+        raise UserError(f"{where} must be an integer{' or null' if allow_none else ''}, got {value!r}")
     if isinstance(default, float):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
-        raise ValueError(f"{where} must be a finite number, got {value!r}")
+        raise UserError(f"{where} must be a finite number, got {value!r}")
     if isinstance(default, str):
         if isinstance(value, os.PathLike):
             return os.fspath(value)
         if isinstance(value, str):
             return value
-        raise ValueError(f"{where} must be text, got {value!r} (quote it in YAML)")
+        raise UserError(f"{where} must be text, got {value!r} (quote it in YAML)")
     if isinstance(default, tuple):
         if isinstance(value, (list, tuple)) and len(value) == len(default):
             return tuple(as_default_type(f"{where}[{i}]", v, d, read_text)
                          for i, (v, d) in enumerate(zip(value, default, strict=True)))
-        raise ValueError(f"{where} must be a list of {len(default)} values, got {value!r}")
+        raise UserError(f"{where} must be a list of {len(default)} values, got {value!r}")
     if isinstance(default, list):
         if isinstance(value, list):
             return value
-        raise ValueError(f"{where} must be a list, got {value!r}")
+        raise UserError(f"{where} must be a list, got {value!r}")
     return value  # a mapping or a None default: its owner checks it (e.g. cluster.extra, by config.validate)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 import subprocess
 import sys
 
@@ -179,3 +182,60 @@ def test_trust_remote_code_is_off_by_default_and_explained_in_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--model.trust_remote_code BOOL let transformers run Python code shipped with the model" in text
     assert "(default: False)" in text.split("--model.trust_remote_code BOOL let", 1)[1][:300]
+
+
+def test_every_config_field_has_its_help_text_in_its_metadata():
+    from mmrl.trainer.config import SECTIONS, EvalSetConfig
+
+    classes = [(section, cls) for section, cls in SECTIONS.items()] + [("evaluation.sets[]", EvalSetConfig)]
+    missing = [f"{section}.{f.name}" for section, cls in classes for f in dataclasses.fields(cls)
+               if not f.metadata.get("help")]
+    assert not missing, (f"config fields without help text: {', '.join(missing)}. In mmrl/trainer/config.py declare "
+                         "each as `name: type = setting(default, \"what it does\", range)` (range: at_least(n), "
+                         "above(n), one_of(choices), unit_interval(...) or Range(text, check); leave it out when any "
+                         "value of the type is valid), then run `python -m mmrl.trainer.config_doc` to regenerate "
+                         "docs/config.md")
+
+
+def test_docs_config_md_is_generated_from_the_code():
+    from mmrl.trainer.config_doc import COMMAND, DOC, render
+
+    assert DOC.is_file() and DOC.read_text(encoding="utf-8") == render(), f"{DOC} is stale: run `{COMMAND}`"
+
+
+def test_help_shows_each_fields_help_text_and_range():
+    from mmrl.trainer.config import SECTIONS
+
+    text = " ".join(subprocess.run([sys.executable, "-m", "mmrl.train", "--help"], capture_output=True, text=True,
+                                   timeout=120, env={**os.environ, "COLUMNS": "2000"}).stdout.split())
+    assert f"YAML file with sections {'/'.join(SECTIONS)}" in text
+    flagged = {"model": {"name"}, "task": {"name", "options"}, "algo": {"name", "params"}}  # --model, --task.X, ...
+    for section, cls in SECTIONS.items():
+        own = [f for f in dataclasses.fields(cls) if f.name not in flagged.get(section, set())]
+        assert not own or f" {section}: " in text, f"--help has no group of the {section} section"
+        for f in dataclasses.fields(cls):
+            if f.name in flagged.get(section, set()):
+                continue
+            limit = f.metadata.get("range")
+            shown = " ".join((f.metadata["help"] + (f"; {limit.text}" if limit else "")).split())
+            assert f"--{section}.{f.name}" in text and shown in text, (section, f.name)
+
+
+def test_the_range_check_reads_the_fields_metadata():
+    from mmrl.trainer.config import SECTIONS
+
+    checked = 0
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            limit = f.metadata.get("range")
+            if limit is None or not isinstance(f.default, int | float) or isinstance(f.default, bool):
+                continue
+            cfg = TrainConfig()
+            for bad in (-1, -1.0, 10**9):  # one of them is outside every numeric range of the config
+                setattr(getattr(cfg, section), f.name, type(f.default)(bad))
+                if not limit.ok(getattr(getattr(cfg, section), f.name), cfg):
+                    with pytest.raises(ValueError, match=re.escape(f"config: {section}.{f.name} {limit.text}")):
+                        validate(cfg)
+                    checked += 1
+                    break
+    assert checked >= 30, checked

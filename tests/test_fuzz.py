@@ -1,6 +1,6 @@
 """A fuzz harness: hypothesis over the data loaders, the config layer and checkpoint files.
 
-Every generated input must either load or fail as a ``ValueError`` of one line naming the problem (which
+Every generated input must either load or fail as a ``UserError`` of one line naming the problem (which
 `mmrl.cli.run_cli` turns into exit code 2 with no traceback; `test_the_command_line_maps_each_category_to_exit_2`
 checks that mapping once per category in a real process), and must never write into an existing run. No model is
 loaded inside a hypothesis loop; example counts are modest so the suite stays fast.
@@ -22,9 +22,11 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from mmrl.errors import UserError
 from mmrl.tasks import get_task
 from mmrl.train import parse_config
 from mmrl.trainer.checkpoint import DIGEST, STATE, TENSORS, load_checkpoint, load_latest, save_checkpoint
+from mmrl.trainer.config import SECTIONS as CONFIG_SECTIONS
 from mmrl.trainer.config import TrainConfig, apply_overrides, load_yaml, validate
 from mmrl.trainer.run_dir import claim
 
@@ -74,7 +76,7 @@ REASONS = ["not valid JSON", "not UTF-8", "has no column", "has no rows", "has n
 def expect_loaded_or_one_line(path: Path, written: list[dict] | None = None) -> None:
     try:
         task = get_task("math", path=str(path), eval_fraction=0)
-    except ValueError as exc:
+    except UserError as exc:
         assert path.name in one_line(exc) or "task." in str(exc), str(exc)
         event("refused: " + next((k for k in REASONS if k in str(exc)), "other"))
         return
@@ -131,7 +133,7 @@ def test_fuzz_answers_are_kept_as_written_or_the_missing_one_is_named(tmp_path, 
         pq.write_table(pa.Table.from_pylist(written), path)
     if 0 <= missing < len(written):
         event("a missing answer")
-        with pytest.raises(ValueError) as err:
+        with pytest.raises(UserError) as err:
             get_task("math", path=str(path), eval_fraction=0)
         text = one_line(err.value)
         # the file's line (after csv's header line), or a parquet row's count from 0
@@ -152,7 +154,7 @@ def test_fuzz_random_bytes(tmp_path, data, suffix):
 
 # --------------------------------------------------------------------------------------------- the config layer
 
-SECTIONS = ["model", "moe", "task", "algo", "rollout", "optim", "sft", "run", "cluster", "modle", "x"]
+SECTIONS = [*CONFIG_SECTIONS, "modle", "x"]  # the real sections and two that are not
 FIELDS = ["name", "lr", "steps", "seed", "samples_per_prompt", "temperature", "out_dir", "dtype", "betas", "beta",
           "path", "threads", "overwrite", "resume", "clip_low", "extra", "nodes", "zero_stage", "typo_field"]
 values = st.one_of(st.sampled_from(["-1e-3", "0", "-1", "1e9", "nan", "inf", "true", "yes", "[1, 2]", "{a: 1}", "",
@@ -182,7 +184,7 @@ def test_fuzz_flags_parse_and_validate_or_fail_as_one_line(existing_run, picked,
         claim(cfg).lock.release()  # an existing run: only a compatible --resume may claim it
         assert cfg.run.resume or cfg.run.overwrite, argv
         event("accepted")
-    except ValueError as exc:
+    except UserError as exc:
         one_line(exc)
         event("refused")
     assert snapshot(existing_run) == before
@@ -204,7 +206,7 @@ def test_fuzz_yaml_configs(tmp_path, doc):
         apply_overrides(cfg, load_yaml(str(path)), str(path))
         validate(cfg)
         event("accepted")
-    except ValueError as exc:
+    except UserError as exc:
         one_line(exc)
         event("refused")
 
@@ -250,7 +252,7 @@ def test_fuzz_damaged_checkpoints_are_refused_or_fall_back(tmp_path, checkpoint_
         if step == 2 and not with_digest:
             (folder / DIGEST).unlink()
     newest = tmp_path / "checkpoints" / "step_0000002"
-    with pytest.raises(ValueError) as refused:  # every damage is found: SHA256SUMS covers both files, and is required
+    with pytest.raises(UserError) as refused:  # every damage is found: SHA256SUMS covers both files, and is required
         load_checkpoint(newest)
     one_line(refused.value)
     event(f"{which} {how[0]}: refused, fell back")

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from mmrl.errors import UserError
 from mmrl.values import as_default_type
 
 Tensor = torch.Tensor
@@ -44,13 +45,13 @@ def get(name: str, **params: Any) -> Algorithm:
     Unknown names or unknown/invalid hyper-parameters raise ``ValueError`` with one line naming the culprit.
     """
     if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of: {', '.join(sorted(ALGORITHMS))}")
+        raise UserError(f"unknown algorithm {name!r}; choose one of: {', '.join(sorted(ALGORITHMS))}")
     cls = ALGORITHMS[name]
     fields = {f.name: f for f in dataclasses.fields(cls)}
     checked = {}
     for key, value in params.items():
         if key not in fields:
-            raise ValueError(f"algorithm {name!r} has no hyper-parameter {key!r}; it has: {', '.join(sorted(fields))}")
+            raise UserError(f"algorithm {name!r} has no hyper-parameter {key!r}; it has: {', '.join(sorted(fields))}")
         # hyper-parameters arrive typed (the config read the text); a None default is "an integer or None"
         default = fields[key].default
         checked[key] = as_default_type(f"algorithm hyper-parameter {name}.{key}", value,

@@ -41,6 +41,7 @@ import torch
 
 from mmrl.algos.base import Metrics, Tensor, register
 from mmrl.algos.grpo import GRPO
+from mmrl.errors import UserError
 
 STATS_SCOPES = ("group", "batch")
 STAT_KEYS = ("cov_mean_logp", "cov_mean_adv", "cov_sigma", "cov_mean_weight")
@@ -114,7 +115,7 @@ class CWGRPO(GRPO):
     def validate(self) -> None:
         super().validate()
         if self.stats_scope not in STATS_SCOPES:
-            raise ValueError(f"stats_scope must be one of {', '.join(STATS_SCOPES)}, got {self.stats_scope!r}")
+            raise UserError(f"stats_scope must be one of {', '.join(STATS_SCOPES)}, got {self.stats_scope!r}")
 
     def batch_stats(self, rewards: Tensor, group_ids: Tensor, advantages: Tensor, old_logprobs: Tensor,
                     mask: Tensor) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from mmrl.algos.base import (
     register,
 )
 from mmrl.algos.grpo import grpo_advantages
+from mmrl.errors import UserError
 
 
 def sign_clip(log_ratio: Tensor, sign: Tensor, low: float, high: float) -> Tensor:
@@ -67,13 +68,13 @@ class GMPO(Algorithm):
 
     def validate(self) -> None:
         if self.clip_mode not in ("token", "sequence", "none"):
-            raise ValueError(f"clip_mode must be 'token', 'sequence' or 'none', got {self.clip_mode!r}")
+            raise UserError(f"clip_mode must be 'token', 'sequence' or 'none', got {self.clip_mode!r}")
         if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low}, {self.clip_high}")
+            raise UserError(f"clip_low and clip_high must be >= 0, got {self.clip_low}, {self.clip_high}")
         if self.std_eps <= 0:
-            raise ValueError(f"std_eps must be > 0, got {self.std_eps}")
+            raise UserError(f"std_eps must be > 0, got {self.std_eps}")
         if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+            raise UserError(f"kl_coef must be >= 0, got {self.kl_coef}")
 
     def uses_reference(self) -> bool:
         return self.kl_coef > 0

@@ -56,6 +56,7 @@ from mmrl.algos.base import (
     policy_drift_metrics,
     register,
 )
+from mmrl.errors import UserError
 
 
 def gpg_alpha(rewards: Tensor, group_ids: Tensor) -> tuple[float, float]:
@@ -82,17 +83,17 @@ class GPG(Algorithm):
 
     def validate(self) -> None:
         if self.f_norm not in ("none", "std"):
-            raise ValueError(f"f_norm must be 'none' or 'std', got {self.f_norm!r}")
+            raise UserError(f"f_norm must be 'none' or 'std', got {self.f_norm!r}")
         if not 0 <= self.valid_threshold <= 1:
-            raise ValueError(f"valid_threshold must be in [0, 1], got {self.valid_threshold}")
+            raise UserError(f"valid_threshold must be in [0, 1], got {self.valid_threshold}")
         if self.max_resample < 0:
-            raise ValueError(f"max_resample must be >= 0, got {self.max_resample}")
+            raise UserError(f"max_resample must be >= 0, got {self.max_resample}")
         if self.std_eps <= 0:
-            raise ValueError(f"std_eps must be > 0, got {self.std_eps}")
+            raise UserError(f"std_eps must be > 0, got {self.std_eps}")
         if self.loss_agg not in LOSS_AGGREGATIONS:
-            raise ValueError(f"loss_agg must be one of {LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
+            raise UserError(f"loss_agg must be one of {LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
         if self.max_tokens is not None and self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
+            raise UserError(f"max_tokens must be > 0, got {self.max_tokens}")
 
     def resampling(self) -> Resampling:
         return Resampling(self.valid_threshold, self.max_resample)

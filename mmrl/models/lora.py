@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from mmrl.errors import UserError
+
 ALL_LINEAR = "all-linear"  # peft's keyword: every linear layer except the output head
 
 
@@ -40,9 +42,9 @@ def parse_targets(text: str) -> tuple[str, ...]:
     """``"q_proj,v_proj"`` or ``"all-linear"`` as a tuple of names; fails on an empty list."""
     names = tuple(t.strip() for t in re.split(r"[,\s]+", text) if t.strip())
     if not names:
-        raise ValueError("config: model.lora_targets names no module (use all-linear or e.g. q_proj,v_proj)")
+        raise UserError("config: model.lora_targets names no module (use all-linear or e.g. q_proj,v_proj)")
     if ALL_LINEAR in names and len(names) > 1:
-        raise ValueError(f"config: model.lora_targets: {ALL_LINEAR} cannot be combined with names, got {text!r}")
+        raise UserError(f"config: model.lora_targets: {ALL_LINEAR} cannot be combined with names, got {text!r}")
     return names
 
 
@@ -57,13 +59,13 @@ def check_targets(model: torch.nn.Module, targets: tuple[str, ...]) -> None:
     """Every target must match a module (by its full name or its last components, as peft matches them)."""
     if targets == (ALL_LINEAR,):
         if not any(isinstance(m, torch.nn.Linear) for m in model.modules()):
-            raise ValueError(f"config: model.lora_targets {ALL_LINEAR}: the model has no linear layer; its modules "
+            raise UserError(f"config: model.lora_targets {ALL_LINEAR}: the model has no linear layer; its modules "
                              f"are named: {', '.join(_module_names(model)) or 'none'}")
         return
     names = [name for name, _ in model.named_modules() if name]
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
-        raise ValueError(f"config: model.lora_targets: no module named {', '.join(missing)} (looked for "
+        raise UserError(f"config: model.lora_targets: no module named {', '.join(missing)} (looked for "
                          f"{', '.join(targets)}); the model's linear-like modules are named: "
                          f"{', '.join(_module_names(model))}")
 
@@ -74,9 +76,9 @@ def add_lora(model: torch.nn.Module, settings: LoraSettings, gradient_checkpoint
     from peft import LoraConfig, get_peft_model
 
     if settings.rank < 1:
-        raise ValueError(f"config: model.lora_rank must be >= 1 to add adapters, got {settings.rank}")
+        raise UserError(f"config: model.lora_rank must be >= 1 to add adapters, got {settings.rank}")
     if settings.alpha < 1:
-        raise ValueError(f"config: model.lora_alpha must be >= 1, got {settings.alpha}")
+        raise UserError(f"config: model.lora_alpha must be >= 1, got {settings.alpha}")
     check_targets(model, settings.targets)
     targets: str | list[str] = ALL_LINEAR if settings.targets == (ALL_LINEAR,) else list(settings.targets)
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, target_modules=targets, lora_dropout=0.0,
@@ -116,7 +118,7 @@ def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -
     expected = {name for name, p in model.named_parameters() if p.requires_grad}
     if set(state) != expected:
         extra, missing = sorted(set(state) - expected), sorted(expected - set(state))
-        raise ValueError(f"checkpoint: its adapters do not fit this model (unexpected {extra[:3]}, missing "
+        raise UserError(f"checkpoint: its adapters do not fit this model (unexpected {extra[:3]}, missing "
                          f"{missing[:3]}); was it written with other model.lora_* settings?")
     with torch.no_grad():
         params = dict(model.named_parameters())

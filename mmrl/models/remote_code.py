@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.hub import hub_reachable
 from mmrl.hub import offline_by_env as hub_offline
 
@@ -33,7 +34,7 @@ def read_configs(where: str, download: bool = False) -> dict[str, dict[str, Any]
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"model: cannot read {path}: {exc}") from None
+            raise UserError(f"model: cannot read {path}: {exc}") from None
         if isinstance(data, dict):
             found[name] = data
     return found if "config.json" in found else None
@@ -74,6 +75,6 @@ def check_custom_code(spec: str, configs: dict[str, dict[str, Any]], trust: bool
     """One line refusing a model that ships its own code, unless ``model.trust_remote_code`` allows it."""
     files = custom_code(configs)
     if files and not trust:
-        raise ValueError(f"model: {spec!r} ships its own Python code ({', '.join(files)} name it under auto_map), "
+        raise UserError(f"model: {spec!r} ships its own Python code ({', '.join(files)} name it under auto_map), "
                          f"which loading it would run; read that code, then pass --model.trust_remote_code true to "
                          f"allow it")

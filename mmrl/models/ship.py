@@ -35,7 +35,7 @@ from pathlib import Path
 
 from mmrl.cache import EMBEDDED_VERSIONS, RECIPE_VERSIONS
 from mmrl.cli import OneLineParser, run_cli
-from mmrl.errors import RunError
+from mmrl.errors import RunError, UserError
 from mmrl.models.embedded import BUILD_RECORD
 from mmrl.models.shipped import MANIFEST_NAME, WEIGHTS_DIR, file_sha256, read_manifest
 
@@ -69,15 +69,15 @@ def build_record(source: Path) -> dict:
 def model_files(source: Path) -> list[Path]:
     """The files to ship from ``source``: every plain file but the build record, each under ``MAX_FILE_BYTES``."""
     if not (source / "config.json").is_file():
-        raise ValueError(f"--from: {source} has no config.json (not a saved model folder)")
+        raise UserError(f"--from: {source} has no config.json (not a saved model folder)")
     files = []
     for path in sorted(source.iterdir()):
         if path.name == BUILD_RECORD or path.name.startswith("."):
             continue
         if path.is_symlink() or not path.is_file():
-            raise ValueError(f"--from: {path} is not a plain file (a shipped model is a flat folder of files)")
+            raise UserError(f"--from: {path} is not a plain file (a shipped model is a flat folder of files)")
         if path.stat().st_size >= MAX_FILE_BYTES:
-            raise ValueError(f"--from: {path} is {path.stat().st_size / 2**20:.1f} MiB; shipped files stay under "
+            raise UserError(f"--from: {path} is {path.stat().st_size / 2**20:.1f} MiB; shipped files stay under "
                              f"{MAX_FILE_BYTES // 2**20} MiB")
         files.append(path)
     return files
@@ -87,15 +87,15 @@ def ship_files(name: str, source: Path, version: str, command: str, replace: boo
                weights_dir: Path = WEIGHTS_DIR) -> dict:
     """Copy ``source``'s model files into ``weights_dir/version`` and record them in the manifest; the entry."""
     if not name.startswith("embedded:"):
-        raise ValueError(f"model: a shipped model's name starts with 'embedded:', got {name!r}")
+        raise UserError(f"model: a shipped model's name starts with 'embedded:', got {name!r}")
     manifest = read_manifest(weights_dir)
     models = manifest["models"]
     target = weights_dir / version
     others = [n for n, e in models.items() if e["dir"] == version and n != name]
     if others:
-        raise ValueError(f"--version: {version} is the folder of {others[0]}; give {name} its own")
+        raise UserError(f"--version: {version} is the folder of {others[0]}; give {name} its own")
     if (name in models or target.exists()) and not replace:
-        raise ValueError(f"model: {name} is already shipped ({target}); pass --replace to replace it")
+        raise UserError(f"model: {name} is already shipped ({target}); pass --replace to replace it")
     files = model_files(source)
     weights_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=weights_dir, prefix=f".shipping-{version}-"))
@@ -123,7 +123,7 @@ def ship_files(name: str, source: Path, version: str, command: str, replace: boo
 def record_skill(name: str, skill: dict, weights_dir: Path = WEIGHTS_DIR) -> None:
     manifest = read_manifest(weights_dir)
     if name not in manifest["models"]:
-        raise ValueError(f"model: {name} is not shipped; add it with --from DIR first")
+        raise UserError(f"model: {name} is not shipped; add it with --from DIR first")
     manifest["models"][name]["skill"] = skill
     write_manifest(manifest, weights_dir)
 
@@ -134,13 +134,13 @@ def record_expectation(name: str, summary_path: Path, weights_dir: Path = WEIGHT
     try:
         summary = json.loads(summary_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--expect: cannot read {summary_path}: {exc}") from None
+        raise UserError(f"--expect: cannot read {summary_path}: {exc}") from None
     rows = [row for row in summary.get("rows", []) if row.get("tags")] if isinstance(summary, dict) else []
     if not rows:
-        raise ValueError(f"--expect: {summary_path} has no tagged rows (task, algo, metric, steps) to compare with")
+        raise UserError(f"--expect: {summary_path} has no tagged rows (task, algo, metric, steps) to compare with")
     manifest = read_manifest(weights_dir)
     if name not in manifest["models"]:
-        raise ValueError(f"model: {name} is not shipped; add it with --from DIR first")
+        raise UserError(f"model: {name} is not shipped; add it with --from DIR first")
     stem = summary_path.stem
     manifest["models"][name].setdefault("expected", {})[stem] = {
         "title": summary["title"], "command": summary["command"], "results": f"docs/results.md#{stem}", "rows": rows}
@@ -151,7 +151,7 @@ def measure(name: str, eval_args: str) -> dict:
     """``python -m mmrl.eval --model NAME ARGS`` on the shipped copy, in a child process; its command and result."""
     args = shlex.split(eval_args)
     if "--model" in args or "--out" in args:
-        raise ValueError("--eval: leave out --model and --out (the shipped model and the result are set here)")
+        raise UserError("--eval: leave out --model and --out (the shipped model and the result are set here)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "eval.json"
         env = dict(os.environ)
@@ -171,11 +171,11 @@ def warm_start_skill(record_path: Path, command: str) -> dict:
     try:
         record = json.loads(record_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--warm-start: cannot read {record_path}: {exc}") from None
+        raise UserError(f"--warm-start: cannot read {record_path}: {exc}") from None
     final = record.get("final") if isinstance(record, dict) else None
     greedy = {split: metrics for split, metrics in (final or {}).items() if split.endswith("/greedy")}
     if not greedy:
-        raise ValueError(f"--warm-start: {record_path} has no 'final' entry of a greedy held-out evaluation")
+        raise UserError(f"--warm-start: {record_path} has no 'final' entry of a greedy held-out evaluation")
     return {"command": command, "result": greedy, "source": record_path.name}
 
 
@@ -203,24 +203,24 @@ def _main(argv: list[str] | None) -> None:
     args = parser.parse_args(argv)
     weights = Path(args.weights)
     if not (args.source or args.eval_args or args.warm_start or args.expect):
-        raise ValueError("nothing to do: give --from DIR (and --eval or --warm-start for its skill), or --expect")
+        raise UserError("nothing to do: give --from DIR (and --eval or --warm-start for its skill), or --expect")
     if args.warm_start and args.eval_args:
-        raise ValueError("--warm-start and --eval both give the skill: choose one")
+        raise UserError("--warm-start and --eval both give the skill: choose one")
     if args.eval_args and weights.resolve() != WEIGHTS_DIR:
-        raise ValueError("--eval measures the copy in this mmrl's own weights folder; leave out --weights")
+        raise UserError("--eval measures the copy in this mmrl's own weights folder; leave out --weights")
     command = args.command or read_manifest(weights)["models"].get(args.name, {}).get("command", "")
     if args.source:
         version = args.version or EMBEDDED_VERSIONS.get(args.name, "")
         if not version:
-            raise ValueError(f"--version: {args.name} has no version in mmrl.cache; name its folder")
+            raise UserError(f"--version: {args.name} has no version in mmrl.cache; name its folder")
         command = args.command or (f"python -m mmrl.models.build {args.name} --out DIR"
                                    if args.name in RECIPE_VERSIONS else "")
         if not command:
-            raise ValueError(f"--command: {args.name} has no recipe here; give the command that built it")
+            raise UserError(f"--command: {args.name} has no recipe here; give the command that built it")
     skill = None
     if args.warm_start:  # read before anything is copied: a bad record leaves the package as it was
         if not (args.skill_command or command):
-            raise ValueError("--warm-start: give --skill-command (the command whose run wrote the record)")
+            raise UserError("--warm-start: give --skill-command (the command whose run wrote the record)")
         skill = warm_start_skill(Path(args.warm_start), args.skill_command or command)
     if args.source:
         entry = ship_files(args.name, Path(args.source), version, command, args.replace, weights)

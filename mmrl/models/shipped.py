@@ -14,6 +14,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from mmrl.errors import UserError
+
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 MANIFEST_NAME = "manifest.json"
 
@@ -36,9 +38,9 @@ def read_manifest(weights_dir: Path = WEIGHTS_DIR) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"model: {path} is not valid JSON ({exc})") from None
+        raise UserError(f"model: {path} is not valid JSON ({exc})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("models"), dict):
-        raise ValueError(f"model: {path} has no 'models' object")
+        raise UserError(f"model: {path} has no 'models' object")
     return manifest
 
 
@@ -64,12 +66,12 @@ def shipped_model(name: str, weights_dir: Path = WEIGHTS_DIR) -> Path:
         return _checked[key]
     models = read_manifest(weights_dir)["models"]
     if name not in models:
-        raise ValueError(f"model: unknown embedded model {name!r}; the package ships: {', '.join(sorted(models))}")
+        raise UserError(f"model: unknown embedded model {name!r}; the package ships: {', '.join(sorted(models))}")
     entry = models[name]
     directory = weights_dir / entry["dir"]
     problem = mismatch(directory, entry["files"])
     if problem is not None:
-        raise ValueError(f"model: {name}: {problem} in {weights_dir / MANIFEST_NAME} (a changed or incomplete "
+        raise UserError(f"model: {name}: {problem} in {weights_dir / MANIFEST_NAME} (a changed or incomplete "
                          f"install; reinstall mmrl)")
     _checked[key] = directory
     return directory

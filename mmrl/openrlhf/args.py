@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.algos import Algorithm
+from mmrl.errors import UserError
 from mmrl.models.lora import parse_targets
 from mmrl.trainer.config import TrainConfig
 from mmrl.trainer.loggers import openrlhf_flags
@@ -73,25 +74,25 @@ def check_layout(cfg: TrainConfig, algo: Algorithm) -> None:
     """Batch arithmetic OpenRLHF and DeepSpeed need, as one-line errors naming the fields to change."""
     for _, (name, is_set, why) in UNSUPPORTED.items():
         if is_set(cfg):
-            raise ValueError(f"config: {name} is not supported by the openrlhf backend ({why})")
+            raise UserError(f"config: {name} is not supported by the openrlhf backend ({why})")
     r, o = cfg.rollout, cfg.optim
     world, micro = world_size(cfg), micro_batch_size(cfg)
     responses = r.prompts_per_step * r.samples_per_prompt
     if r.prompts_per_step % o.minibatches:
-        raise ValueError(f"config: rollout.prompts_per_step ({r.prompts_per_step}) must be a multiple of "
+        raise UserError(f"config: rollout.prompts_per_step ({r.prompts_per_step}) must be a multiple of "
                          f"optim.minibatches ({o.minibatches}) so that mini-batches hold whole groups")
     per_rank = responses // o.minibatches / world
     if per_rank != int(per_rank) or int(per_rank) % micro:
-        raise ValueError(f"config: each optimizer step's {responses // o.minibatches} responses must split evenly into "
+        raise UserError(f"config: each optimizer step's {responses // o.minibatches} responses must split evenly into "
                          f"{world} GPUs (cluster.nodes × cluster.gpus_per_node) × micro-batches of {micro} "
                          f"(optim.micro_batch_size); change rollout.prompts_per_step or optim.micro_batch_size")
     if algo.needs_whole_groups and micro % r.samples_per_prompt:
-        raise ValueError(f"config: {algo.name} needs whole groups in a micro-batch: optim.micro_batch_size ({micro}) "
+        raise UserError(f"config: {algo.name} needs whole groups in a micro-batch: optim.micro_batch_size ({micro}) "
                          f"must be a multiple of rollout.samples_per_prompt ({r.samples_per_prompt})")
     c = cfg.cluster
     if c.colocate and world != c.vllm_engines * c.vllm_tensor_parallel_size:
         engines = c.vllm_engines * c.vllm_tensor_parallel_size
-        raise ValueError(f"config: cluster.colocate puts vLLM on the training GPUs, so cluster.vllm_engines × "
+        raise UserError(f"config: cluster.colocate puts vLLM on the training GPUs, so cluster.vllm_engines × "
                          f"cluster.vllm_tensor_parallel_size ({engines}) must equal cluster.nodes × "
                          f"cluster.gpus_per_node ({world})")
 
@@ -101,7 +102,7 @@ def episodes_and_samples(cfg: TrainConfig, train_rows: int, batches_per_step: in
     ``batches_per_step`` prompt batches each."""
     per_step = cfg.rollout.prompts_per_step
     if train_rows < per_step:
-        raise ValueError(f"config: the task's training split has {train_rows} prompts, fewer than "
+        raise UserError(f"config: the task's training split has {train_rows} prompts, fewer than "
                          f"rollout.prompts_per_step ({per_step})")
     wanted = cfg.run.steps * per_step * batches_per_step
     if train_rows >= wanted:

@@ -17,6 +17,8 @@ import io
 from pathlib import Path
 from types import SimpleNamespace
 
+from mmrl.errors import UserError
+
 CLI_MODULE = "openrlhf.cli.train_ppo_ray"
 STDLIB_IMPORTS = {"argparse", "datetime", "os"}  # the module's top-level imports the parser block uses
 
@@ -24,7 +26,7 @@ STDLIB_IMPORTS = {"argparse", "datetime", "os"}  # the module's top-level import
 def cli_source() -> tuple[str, str]:
     spec = importlib.util.find_spec(CLI_MODULE) if importlib.util.find_spec("openrlhf") else None
     if spec is None or spec.origin is None:
-        raise ValueError("the openrlhf backend needs OpenRLHF 0.11.x: pip install openrlhf==0.11.2 (GPU) or "
+        raise UserError("the openrlhf backend needs OpenRLHF 0.11.x: pip install openrlhf==0.11.2 (GPU) or "
                          "`make setup` (CPU tests); see docs/openrlhf.md")
     return Path(spec.origin).read_text(), spec.origin
 
@@ -34,7 +36,7 @@ def _main_block(tree: ast.Module, origin: str) -> list[ast.stmt]:
         test = node.test if isinstance(node, ast.If) else None
         if isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__":
             return node.body
-    raise ValueError(f"{origin}: no `if __name__ == '__main__'` block; is this OpenRLHF 0.11.x?")
+    raise UserError(f"{origin}: no `if __name__ == '__main__'` block; is this OpenRLHF 0.11.x?")
 
 
 class _ArgvToParseArgs(ast.NodeTransformer):
@@ -58,7 +60,7 @@ def parse_openrlhf_args(argv: list[str]) -> tuple[SimpleNamespace, list[str]]:
     last = body[-1]
     if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
             and getattr(last.value.func, "id", None) == "train"):
-        raise ValueError(f"{origin}: the main block does not end with train(args); is this OpenRLHF 0.11.x?")
+        raise UserError(f"{origin}: the main block does not end with train(args); is this OpenRLHF 0.11.x?")
     tree = ast.parse(source, origin)
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
                and {(a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0] for a in n.names}
@@ -72,19 +74,19 @@ def parse_openrlhf_args(argv: list[str]) -> tuple[SimpleNamespace, list[str]]:
             exec(compile(module, origin, "exec"), scope)  # noqa: S102 -- OpenRLHF's own, installed parser code
     except SystemExit as exc:  # argparse's error exit: keep its message
         lines = [x for x in printed.getvalue().splitlines() if x.strip()]
-        raise ValueError(f"OpenRLHF rejected the arguments: {lines[-1] if lines else exc}") from None
+        raise UserError(f"OpenRLHF rejected the arguments: {lines[-1] if lines else exc}") from None
     except AssertionError as exc:
-        raise ValueError(f"OpenRLHF rejected the arguments: {exc}") from None
+        raise UserError(f"OpenRLHF rejected the arguments: {exc}") from None
     return scope["args"], [x for x in printed.getvalue().splitlines() if x.strip()]
 
 
 def check_supported(args) -> None:
     """OpenRLHF options mmrl's actor does not implement (it has its own loss and loop): refused at start."""
     if args.algo.advantage.is_correction_level != "off":
-        raise ValueError("--algo.advantage.is_correction_level: vLLM/DeepSpeed importance-sampling correction is not "
+        raise UserError("--algo.advantage.is_correction_level: vLLM/DeepSpeed importance-sampling correction is not "
                          "applied by mmrl's objectives (they use the π_old recomputed by the policy actor)")
     if args.train.dynamic_batch_enable or args.ds.ring_attn_size > 1 or args.ds.tensor_parallel_size > 1:
-        raise ValueError("--train.dynamic_batch_enable / --ds.ring_attn_size / --ds.tensor_parallel_size change how "
+        raise UserError("--train.dynamic_batch_enable / --ds.ring_attn_size / --ds.tensor_parallel_size change how "
                          "OpenRLHF forms micro-batches; mmrl's actor forms whole-group micro-batches: turn them off")
     if args.train.async_enable:
-        raise ValueError("--train.async_enable uses OpenRLHF's async trainer, which mmrl does not subclass")
+        raise UserError("--train.async_enable uses OpenRLHF's async trainer, which mmrl does not subclass")

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from mmrl.errors import UserError
+
 Annotate = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -81,7 +83,7 @@ def export_rows(rows: Iterable[dict[str, Any]], path: Path, split: str, datasour
                 try:
                     json.dumps(value)
                 except TypeError as exc:
-                    raise ValueError(f"{split} row {i}: field {key!r} cannot be exported for OpenRLHF ({exc})") from exc
+                    raise UserError(f"{split} row {i}: field {key!r} cannot be exported for OpenRLHF ({exc})") from exc
             line = {"messages": chat, "label": json.dumps(sample), "datasource": datasource}
             if images:
                 line["images"] = images

@@ -15,6 +15,7 @@ import ray
 from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor
 from ray.util.placement_group import placement_group
 
+from mmrl.errors import UserError
 from mmrl.openrlhf import compat, network, rehearsal
 from mmrl.openrlhf.actor import MmrlPolicyModelRayActor
 from mmrl.openrlhf.strategy import make_strategy
@@ -63,7 +64,7 @@ def check_gpus(needed: int, rehearsal_mode: bool) -> None:
         return
     hint = ("start the rehearsal's Ray with --num-gpus" if rehearsal_mode else
             "run on GPUs, or rehearse the job on this CPU with --cluster.rehearsal true")
-    raise ValueError(f"ray: the cluster has {have:g} GPU, the layout needs {needed} (cluster.nodes × "
+    raise UserError(f"ray: the cluster has {have:g} GPU, the layout needs {needed} (cluster.nodes × "
                      f"cluster.gpus_per_node, + vllm_engines × tensor parallel size unless colocated); {hint}")
 
 
@@ -77,7 +78,7 @@ def wait_placed(pg, timeout: float) -> None:
     missing = ", ".join(f"{k} (needs {v:g}, {free.get(k, 0):g} free)" for k, v in wanted.items()
                         if free.get(k, 0) < v) or "resources held by other jobs"
     ray.util.remove_placement_group(pg)
-    raise ValueError(f"ray: {len(bundles)} bundles {bundles[0]} were not placed within {timeout:g} s: missing "
+    raise UserError(f"ray: {len(bundles)} bundles {bundles[0]} were not placed within {timeout:g} s: missing "
                      f"{missing}; see `ray status`, or raise cluster.placement_timeout")
 
 

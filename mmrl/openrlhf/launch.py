@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import mmrl.algos as algos
+from mmrl.errors import UserError
 from mmrl.openrlhf.args import (
     LaunchInputs,
     build_flags,
@@ -122,7 +123,7 @@ def check_devices(cfg: TrainConfig) -> str | None:
     if cfg.cluster.rehearsal:
         return rehearsal_gpu_note()
     if not cfg.cluster.ray_address and not torch.cuda.is_available():
-        raise ValueError("cluster: this machine has no GPU; rehearse the job on the CPU with --cluster.rehearsal "
+        raise UserError("cluster: this machine has no GPU; rehearse the job on the CPU with --cluster.rehearsal "
                          "true, or run it on GPUs (or join a GPU cluster with --cluster.ray_address)")
     return None
 
@@ -132,7 +133,7 @@ def model_path(spec: str) -> str:
 
     where, gguf = resolve(spec, check_hub=False)  # a hub id is loaded on the cluster
     if gguf:
-        raise ValueError(f"model: the openrlhf backend needs a Hugging Face model directory or hub id; {spec!r} is "
+        raise UserError(f"model: the openrlhf backend needs a Hugging Face model directory or hub id; {spec!r} is "
                          f"GGUF, which OpenRLHF's DeepSpeed actors and vLLM do not load")
     return str(Path(where).resolve()) if Path(where).exists() else where
 
@@ -153,13 +154,13 @@ def check_model(cfg: TrainConfig, path: str, images: bool, write: bool) -> list[
                     f"Face cache), so the dry run did not check {what}; the launch will"]
         if not cfg.model.trust_remote_code:
             unknown = what.replace(" or ", " and ")
-            raise ValueError(f"model: cannot read the config of {cfg.model.name!r} here (not a folder, not in the "
+            raise UserError(f"model: cannot read the config of {cfg.model.name!r} here (not a folder, not in the "
                              f"Hugging Face cache, hub unreachable), so {unknown} is unknown; download it first "
                              f"(hf download {cfg.model.name})")
         return []
     check_custom_code(cfg.model.name, configs, cfg.model.trust_remote_code)
     if images and detect_family(configs["config.json"]) is None:
-        raise ValueError(f"model: {cfg.model.name!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); task "
+        raise UserError(f"model: {cfg.model.name!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL); task "
                          f"{cfg.task.name!r} has images")
     return []
 
@@ -170,7 +171,7 @@ def agent_file(task_name: str) -> str:
         return ""
     found = importlib.util.find_spec(module)
     if found is None or found.origin is None:
-        raise ValueError(f"task {task_name!r} on the openrlhf backend needs its agent executor {module}, which is "
+        raise UserError(f"task {task_name!r} on the openrlhf backend needs its agent executor {module}, which is "
                          f"not installed")
     return found.origin
 

@@ -29,6 +29,7 @@ from openrlhf.utils.agent import SingleTurnAgentExecutor
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from mmrl.errors import UserError
 from mmrl.openrlhf.rehearsal import append_record, weights_digest
 from mmrl.openrlhf.vllm_stand_in import (
     CompletionOutput,
@@ -185,7 +186,7 @@ HFRolloutRayActor = ray.remote(HFRolloutActor)
 def create_rollout_actors(args, shared_pg, run_dir: str) -> list:
     """The rehearsal's engines, placed as ``create_vllm_engines`` places vLLM's (TP 1: one bundle per engine)."""
     if args.vllm.tensor_parallel_size != 1:
-        raise ValueError("config: the rehearsal runs each rollout engine in one process: "
+        raise UserError("config: the rehearsal runs each rollout engine in one process: "
                          "cluster.vllm_tensor_parallel_size must be 1")
     shared = shared_pg is not None
     if not shared:

@@ -26,6 +26,7 @@ from openrlhf.models import Actor
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
 from mmrl import moe
+from mmrl.errors import UserError
 from mmrl.openrlhf.network import bound_listener
 
 # torch's contract for a store someone else hosts: with it, the env:// rendezvous at MASTER_ADDR:MASTER_PORT makes
@@ -42,7 +43,7 @@ def prepare_policy(model: torch.nn.Module, freeze_router: bool) -> None:
     disable_dropout(model)
     if freeze_router:
         if not moe.find_routers(model):
-            raise ValueError("moe.freeze_router is set but the model has no MoE router")
+            raise UserError("moe.freeze_router is set but the model has no MoE router")
         moe.freeze_routers(model)
 
 

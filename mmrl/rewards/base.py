@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from mmrl.errors import UserError
+
 Sample = Mapping[str, Any]
 
 
@@ -34,7 +36,7 @@ class Reward:
     def __init__(self, name: str, low: float, high: float,
                  batch_fn: Callable[[Sequence[str], Sequence[Sample]], list[RewardResult]]):
         if not low <= high:
-            raise ValueError(f"reward {name!r}: low {low} > high {high}")
+            raise UserError(f"reward {name!r}: low {low} > high {high}")
         self.name, self.low, self.high, self._batch_fn = name, low, high, batch_fn
 
     def __repr__(self) -> str:
@@ -125,7 +127,7 @@ def reward(name: str, low: float = 0.0, high: float = 1.0, register: bool = True
 
 def get_reward(name: str) -> Reward:
     if name not in REWARDS:
-        raise ValueError(f"unknown reward {name!r}; choose one of: {', '.join(sorted(REWARDS))}")
+        raise UserError(f"unknown reward {name!r}; choose one of: {', '.join(sorted(REWARDS))}")
     return REWARDS[name]
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import Reward, RewardResult, Sample
 
 
@@ -28,7 +29,7 @@ class RewardModelScorer:
             self.model = AutoModelForSequenceClassification.from_pretrained(os.path.expanduser(where))
         except (OSError, ValueError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ValueError(f"task.reward_model: cannot load {path!r}: {first}") from None
+            raise UserError(f"task.reward_model: cannot load {path!r}: {first}") from None
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = self.model.to(device).eval()

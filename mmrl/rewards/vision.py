@@ -36,6 +36,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import Reward, RewardResult, Sample, register_reward, reward
 from mmrl.rewards.text import ANSWER_TAG
 from mmrl.vision.boxes import (
@@ -71,7 +72,7 @@ def gold_boxes(sample: Sample) -> list[tuple[float, float, float, float]]:
     for item in list(raw if raw is not None else []):
         box = normalise_box(list(item) if not isinstance(item, (str, bytes)) else item)
         if box is None:
-            raise ValueError(f"ground-truth box {item!r} is not four finite numbers")
+            raise UserError(f"ground-truth box {item!r} is not four finite numbers")
         boxes.append(box)
     return boxes
 

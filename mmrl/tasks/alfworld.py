@@ -27,6 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.tasks.base import EnvTask, register_task
 
 # Recommended config for ``--task alfworld`` (under the user's YAML and flags): the embedded agent model (a tokenizer
@@ -65,10 +66,10 @@ def walkthrough(game_path: str | Path) -> list[str]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"alfworld: cannot read game file {path}: {exc}") from exc
+        raise UserError(f"alfworld: cannot read game file {path}: {exc}") from exc
     steps = data.get("walkthrough")
     if not isinstance(steps, list) or not steps:
-        raise ValueError(f"alfworld: game file {path} has no walkthrough")
+        raise UserError(f"alfworld: game file {path} has no walkthrough")
     return [str(s) for s in steps]
 
 
@@ -122,21 +123,21 @@ def alfworld_task(games_root: str = "", n_per_type: int = 8, n_eval_per_type: in
     try:
         from mmrl.envs.alfworld import AlfWorldEnv, ensure_games, list_games
     except ImportError as exc:
-        raise ValueError(f"task alfworld needs the ALFWorld engine (pip install 'mmrl[alfworld]'): {exc}") from exc
+        raise UserError(f"task alfworld needs the ALFWorld engine (pip install 'mmrl[alfworld]'): {exc}") from exc
     if max_steps < 1:
-        raise ValueError(f"task.max_steps must be >= 1, got {max_steps}")
+        raise UserError(f"task.max_steps must be >= 1, got {max_steps}")
     if expert not in EXPERTS:
-        raise ValueError(f"task.expert must be one of {EXPERTS}, got {expert!r}")
+        raise UserError(f"task.expert must be one of {EXPERTS}, got {expert!r}")
     if n_per_type < 1 or n_eval_per_type < 1:
-        raise ValueError(f"task.n_per_type and task.n_eval_per_type must be >= 1, got {n_per_type}, {n_eval_per_type}")
+        raise UserError(f"task.n_per_type and task.n_eval_per_type must be >= 1, got {n_per_type}, {n_eval_per_type}")
     try:
         root = games_root or ensure_games(n_per_type=n_per_type, n_eval_per_type=n_eval_per_type, seed=seed)
         types = [t.strip() for t in task_types.split(",") if t.strip()] or None
         train, held_out = list_games(root, train_split, types), list_games(root, eval_split, types)
     except (FileNotFoundError, ValueError) as exc:
-        raise ValueError(f"task.games_root: {exc}") from exc
+        raise UserError(f"task.games_root: {exc}") from exc
     if not train:
-        raise ValueError(f"task.games_root: no {train_split!r} games under {root}")
+        raise UserError(f"task.games_root: no {train_split!r} games under {root}")
     held_out = held_out[:max_eval_games] if max_eval_games else held_out
 
     def env_kwargs(row: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import random
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.prompts import chat, worked_answer
@@ -36,7 +37,7 @@ def arithmetic_prompt(a: int, op: str, b: int) -> str:
 def arithmetic_problems(max_operand: int = 9, ops: str = "+") -> list[tuple[int, str, int, int]]:
     for op in ops:
         if op not in OPS:
-            raise ValueError(f"task.ops: unknown operator {op!r}; use any of {''.join(OPS)}")
+            raise UserError(f"task.ops: unknown operator {op!r}; use any of {''.join(OPS)}")
     return [(a, op, b, OPS[op](a, b))
             for op in ops for a, b in itertools.product(range(max_operand + 1), repeat=2)]
 
@@ -45,9 +46,9 @@ def arithmetic_problems(max_operand: int = 9, ops: str = "+") -> list[tuple[int,
 def arithmetic_task(max_operand: int = 9, ops: str = "+", eval_fraction: float = 0.2, seed: int = 0,
                     format_weight: float = 0.5, system_prompt: str = "", one_shot: bool = False) -> Task:
     if max_operand < 1:
-        raise ValueError(f"task.max_operand must be >= 1, got {max_operand}")
+        raise UserError(f"task.max_operand must be >= 1, got {max_operand}")
     if not 0 <= eval_fraction < 1:
-        raise ValueError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
+        raise UserError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
     problems = arithmetic_problems(max_operand, ops)
     random.Random(seed).shuffle(problems)
     n_eval = int(round(len(problems) * eval_fraction))

@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import Reward
 from mmrl.values import as_default_type, exact_scalar
 
@@ -36,7 +37,7 @@ def register_task(name: str, config_defaults: dict[str, Any] | None = None,
                   pretrained_options: dict[str, Any] | None = None):
     def wrap(factory: Callable[..., Task | EnvTask]) -> Callable[..., Task | EnvTask]:
         if name in TASKS:
-            raise ValueError(f"task {name!r} is registered twice")
+            raise UserError(f"task {name!r} is registered twice")
         TASKS[name] = factory
         if config_defaults:
             TASK_CONFIG_DEFAULTS[name] = dict(config_defaults)
@@ -91,11 +92,11 @@ class Task:
 
     def __post_init__(self) -> None:
         if not self.train:
-            raise ValueError(f"task {self.name!r}: the training split is empty")
+            raise UserError(f"task {self.name!r}: the training split is empty")
         for split, rows in (("train", self.train), ("eval", self.eval)):
             for i, row in enumerate(rows):
                 if not row.get("messages"):
-                    raise ValueError(f"task {self.name!r}: {split} row {i} has no prompt")
+                    raise UserError(f"task {self.name!r}: {split} row {i} has no prompt")
 
 
 @dataclasses.dataclass
@@ -126,7 +127,7 @@ class EnvTask:
 
     def __post_init__(self) -> None:
         if not self.train:
-            raise ValueError(f"task {self.name!r}: the training split is empty")
+            raise UserError(f"task {self.name!r}: the training split is empty")
 
     def make_env(self, row: dict[str, Any]) -> Any:
         return self.env_class(**self.env_kwargs(row))
@@ -135,12 +136,12 @@ class EnvTask:
 def get_task(name: str, **options: Any) -> Task | EnvTask:
     """Build task ``name``; ``options`` are its documented keyword arguments (unknown ones raise ValueError)."""
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; choose one of: {', '.join(sorted(TASKS))}")
+        raise UserError(f"unknown task {name!r}; choose one of: {', '.join(sorted(TASKS))}")
     defaults = option_defaults(name)
     checked = {}
     for key, value in options.items():
         if key not in defaults:
-            raise ValueError(f"task {name!r} has no option {key!r}; it has: {', '.join(sorted(defaults))}")
+            raise UserError(f"task {name!r} has no option {key!r}; it has: {', '.join(sorted(defaults))}")
         checked[key] = typed_option(f"task.{key}", value, defaults[key])
     return TASKS[name](**checked)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.rewards.vision import normalise_label
 from mmrl.rewards.vision_metrics import match_accuracy
@@ -52,7 +53,7 @@ def classification_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str,
     for i, row in enumerate(rows):
         label = strip_answer_tags(row.get(label_key))
         if label is None or not normalise_label(str(label)):
-            raise ValueError(f"{where} {row_place(rows, i)} column {label_key!r}: empty label")
+            raise UserError(f"{where} {row_place(rows, i)} column {label_key!r}: empty label")
         labels.append(str(label).strip())
     if classes is None:
         distinct = sorted(set(labels), key=str.lower)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.prompts import chat, worked_answer
@@ -49,15 +50,15 @@ def countdown_problems(max_number: int = 9, n_numbers: int = 2, ops: str = "+-*"
 def countdown_task(max_number: int = 9, n_numbers: int = 2, ops: str = "+-*", eval_fraction: float = 0.1,
                    seed: int = 0, format_weight: float = 0.0, system_prompt: str = "", one_shot: bool = False) -> Task:
     if not 2 <= n_numbers <= 4:
-        raise ValueError(f"task.n_numbers must be between 2 and 4, got {n_numbers}")
+        raise UserError(f"task.n_numbers must be between 2 and 4, got {n_numbers}")
     if max_number < 1:
-        raise ValueError(f"task.max_number must be >= 1, got {max_number}")
+        raise UserError(f"task.max_number must be >= 1, got {max_number}")
     if not ops or any(op not in _APPLY for op in ops):
-        raise ValueError(f"task.ops must be made of + - *, got {ops!r}")
+        raise UserError(f"task.ops must be made of + - *, got {ops!r}")
     if not 0 <= eval_fraction < 1:
-        raise ValueError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
+        raise UserError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
     if max_number**n_numbers * len(ops) ** (n_numbers - 1) > MAX_PROBLEMS:
-        raise ValueError(f"task.max_number: {max_number} with {n_numbers} numbers gives more than {MAX_PROBLEMS:,} "
+        raise UserError(f"task.max_number: {max_number} with {n_numbers} numbers gives more than {MAX_PROBLEMS:,} "
                          "problems to enumerate")
     problems = countdown_problems(max_number, n_numbers, ops)
     random.Random(seed).shuffle(problems)

@@ -11,6 +11,7 @@ Reward = ``geoqa_accuracy`` on the last ``\\boxed{}`` (math-verify, exact-match 
 
 from __future__ import annotations
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.geoqa import load_geometry
@@ -27,7 +28,7 @@ def geometry3k_task(path: str = "", eval_path: str = "", image_key: str = "image
                     system_prompt: str = "", eval_fraction: float = 0.1, max_samples: int = 0, n_samples: int = 1200,
                     seed: int = 0, allow_outside_images: bool = False) -> Task:
     if n_samples < 10:
-        raise ValueError(f"task.n_samples must be >= 10, got {n_samples}")
+        raise UserError(f"task.n_samples must be >= 10, got {n_samples}")
     options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, template=template,
                    system_prompt=system_prompt or None)
     train, evals, source = load_geometry(path, eval_path, eval_fraction=eval_fraction, max_samples=max_samples,

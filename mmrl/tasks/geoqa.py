@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.geo_synthetic import geo_set
@@ -38,7 +39,7 @@ def image_list(cell: Any, base: ImageRoot, where: str) -> list[str | bytes]:
     cell = cell.tolist() if hasattr(cell, "tolist") and not isinstance(cell, (bytes, str)) else cell
     cells = cell if isinstance(cell, list) else [cell]
     if not cells:
-        raise ValueError(f"{where}: empty image list")
+        raise UserError(f"{where}: empty image list")
     return [image_value(c, base, f"{where} image {i}") for i, c in enumerate(cells)]
 
 
@@ -50,7 +51,7 @@ def multi_image_messages(images: list[Any], text: str, system_prompt: str | None
     if placeholder in text:
         parts = text.split(placeholder)
         if len(parts) - 1 != len(images):
-            raise ValueError(f"{len(parts) - 1} {placeholder} markers for {len(images)} images")
+            raise UserError(f"{len(parts) - 1} {placeholder} markers for {len(images)} images")
         for i, part in enumerate(parts):
             if part.strip():
                 content.append({"type": "text", "text": part.strip()})
@@ -73,14 +74,14 @@ def geometry_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str, *, im
         images = image_list(row.get(image_key), base, f"{at} column {image_key!r}")
         problem, answer = row.get(problem_key), strip_answer_tags(row.get(answer_key))
         if not isinstance(problem, str) or not problem.strip():
-            raise ValueError(f"{at} column {problem_key!r}: empty problem")
+            raise UserError(f"{at} column {problem_key!r}: empty problem")
         if answer is None or not str(answer).strip():
-            raise ValueError(f"{at} column {answer_key!r}: empty answer")
+            raise UserError(f"{at} column {answer_key!r}: empty answer")
         text = template.replace("{problem}", problem.strip())
         try:
             messages = multi_image_messages(images, text, system_prompt)
         except ValueError as exc:
-            raise ValueError(f"{at}: {exc}") from exc
+            raise UserError(f"{at}: {exc}") from exc
         problem = problem.replace("<image>", "").strip()
         sample = {"messages": messages, "answer": str(answer).strip(), "problem": problem}
         sample.update({k: row[k] for k in ("kind", "solution") if k in row})  # bundled set: problem kind, chain
@@ -122,7 +123,7 @@ def geoqa_task(path: str = "", eval_path: str = "", image_key: str = "image", pr
                eval_fraction: float = 0.1, max_samples: int = 0, n_samples: int = 2200, seed: int = 0,
                allow_outside_images: bool = False) -> Task:
     if n_samples < 10:
-        raise ValueError(f"task.n_samples must be >= 10, got {n_samples}")
+        raise UserError(f"task.n_samples must be >= 10, got {n_samples}")
     options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, template=template,
                    system_prompt=system_prompt or None)
     train, evals, source = load_geometry(path, eval_path, eval_fraction=eval_fraction, max_samples=max_samples,

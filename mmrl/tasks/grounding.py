@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 from mmrl.cache import EMBEDDED_GROUNDING_NAME
+from mmrl.errors import UserError
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.rewards.vision_metrics import detection_metrics, grounding_metrics
 from mmrl.tasks.base import Task, register_task
@@ -71,7 +72,7 @@ def read_boxes(cell: Any, where: str, box_format: str = "xyxy") -> list[tuple[fl
             _bad(item, where)
         box = tuple(float(v) for v in item)
         if box[2] < box[0] or box[3] < box[1]:
-            raise ValueError(f"{where}: box {list(item)} has x2 < x1 or y2 < y1 (expected [x1, y1, x2, y2])")
+            raise UserError(f"{where}: box {list(item)} has x2 < x1 or y2 < y1 (expected [x1, y1, x2, y2])")
         boxes.append(box)
     return boxes
 
@@ -85,7 +86,7 @@ def _xywh(item: Any, where: str) -> tuple[float, float, float, float]:
 
 
 def _bad(cell: Any, where: str):
-    raise ValueError(f"{where}: {str(cell)[:80]!r} is not a box [x1, y1, x2, y2] (or a list of them)")
+    raise UserError(f"{where}: {str(cell)[:80]!r} is not a box [x1, y1, x2, y2] (or a list of them)")
 
 
 def checked_boxes(boxes: list, hw: tuple[int, int], where: str, frame: str) -> list[list[float]]:
@@ -97,9 +98,9 @@ def checked_boxes(boxes: list, hw: tuple[int, int], where: str, frame: str) -> l
         if frame == "norm1000":
             x1, x2, y1, y2 = x1 * w / 1000, x2 * w / 1000, y1 * h / 1000, y2 * h / 1000
         if x2 - x1 <= 0 or y2 - y1 <= 0:
-            raise ValueError(f"{where}: box {list(box)} has zero area")
+            raise UserError(f"{where}: box {list(box)} has zero area")
         if x1 < -1 or y1 < -1 or x2 > w + 1 or y2 > h + 1:
-            raise ValueError(f"{where}: box {list(box)} lies outside the {w}x{h} image")
+            raise UserError(f"{where}: box {list(box)} lies outside the {w}x{h} image")
         out.append([round(v, 3) for v in (x1, y1, x2, y2)])
     return out
 
@@ -116,11 +117,11 @@ def grounding_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str, *, i
         hw = tuple(row["image_hw"]) if row.get("image_hw") else check_image(image, at)
         problem = row.get(problem_key)
         if not isinstance(problem, str) or not problem.strip():
-            raise ValueError(f"{at} column {problem_key!r}: empty expression")
+            raise UserError(f"{at} column {problem_key!r}: empty expression")
         boxes = checked_boxes(read_boxes(row.get(answer_key), f"{at} column {answer_key!r}", box_format), hw,
                               f"{at} column {answer_key!r}", box_frame)
         if not detection and len(boxes) != 1:
-            raise ValueError(f"{at} column {answer_key!r}: {len(boxes)} boxes for a single-object grounding row "
+            raise UserError(f"{at} column {answer_key!r}: {len(boxes)} boxes for a single-object grounding row "
                              "(use task.variant=detection)")
         text = template.replace("{problem}", problem.strip())
         sample = {"messages": vision_messages(image, text, system_prompt), "problem": problem.strip(),
@@ -152,17 +153,17 @@ def grounding_task(path: str = "", eval_path: str = "", variant: str = "referrin
                    image_size: int = 112, layout: str = "grid", seed: int = 0,
                    allow_outside_images: bool = False) -> Task:
     if variant not in ("referring", "detection"):
-        raise ValueError(f"task.variant must be 'referring' or 'detection', got {variant!r}")
+        raise UserError(f"task.variant must be 'referring' or 'detection', got {variant!r}")
     detection = variant == "detection"
     reward = reward or ("detection" if detection else "iou")
     if reward not in REWARDS:
-        raise ValueError(f"task.reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+        raise UserError(f"task.reward must be one of {', '.join(REWARDS)}, got {reward!r}")
     if detection != (reward == "detection"):
-        raise ValueError(f"task.reward {reward!r} does not fit task.variant {variant!r}")
+        raise UserError(f"task.reward {reward!r} does not fit task.variant {variant!r}")
     if box_format not in ("xyxy", "xywh"):
-        raise ValueError(f"task.box_format must be 'xyxy' or 'xywh', got {box_format!r}")
+        raise UserError(f"task.box_format must be 'xyxy' or 'xywh', got {box_format!r}")
     if box_frame not in ("original", "norm1000"):
-        raise ValueError(f"task.box_frame must be 'original' or 'norm1000', got {box_frame!r}")
+        raise UserError(f"task.box_frame must be 'original' or 'norm1000', got {box_frame!r}")
     answer_key = answer_key or ("boxes" if detection else "answer")
     options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, detection=detection,
                    box_format=box_format, box_frame=box_frame, system_prompt=system_prompt or None)

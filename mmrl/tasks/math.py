@@ -23,6 +23,7 @@ import math
 import random
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.rewards.text import plain_number
 from mmrl.tasks.base import Task, register_task
@@ -46,9 +47,9 @@ def to_samples(rows: list[dict[str, Any]], problem_key: str, answer_key: str, wh
                system_prompt: str | None, template: str = "{problem}",
                example: tuple[str, str] | None = None) -> list[dict[str, Any]]:
     if rows and all(problem_key not in row for row in rows):
-        raise ValueError(f"task.problem_key: {where} has no column {problem_key!r} (columns: {sorted(rows[0])})")
+        raise UserError(f"task.problem_key: {where} has no column {problem_key!r} (columns: {sorted(rows[0])})")
     if rows and all(answer_key not in row for row in rows):
-        raise ValueError(f"task.answer_key: {where} has no column {answer_key!r} (columns: {sorted(rows[0])})")
+        raise UserError(f"task.answer_key: {where} has no column {answer_key!r} (columns: {sorted(rows[0])})")
     samples = []
     for i, row in enumerate(rows):
         at = f"{where} {row_place(rows, i)}"
@@ -56,13 +57,13 @@ def to_samples(rows: list[dict[str, Any]], problem_key: str, answer_key: str, wh
         for key, value in ((problem_key, problem), (answer_key, answer)):
             if value is None or not str(value).strip():
                 state = "has no" if value is None else "has an empty"
-                raise ValueError(f"task.path: {at} {state} {key!r}")
+                raise UserError(f"task.path: {at} {state} {key!r}")
         if not isinstance(problem, str):
-            raise ValueError(f"task.path: {at} has a {problem_key!r} that is not text: {problem!r}")
+            raise UserError(f"task.path: {at} has a {problem_key!r} that is not text: {problem!r}")
         # an answer is text or a number as written; a list, an object, true/false or a NaN is not something the
         # verifier could match, and str() would invent a gold answer ("[1, 2]", "True", "nan")
         if isinstance(answer, (bool, list, dict)) or (isinstance(answer, float) and not math.isfinite(answer)):
-            raise ValueError(f"task.path: {at} has an {answer_key!r} that is not text or a number: "
+            raise UserError(f"task.path: {at} has an {answer_key!r} that is not text or a number: "
                              f"{answer!r}")
         samples.append({"messages": chat(template.replace("{problem}", problem), system_prompt or "", example),
                         "answer": str(answer), "problem": problem, "prompt_text": problem, "origin": at})
@@ -89,16 +90,16 @@ def math_task(path: str = "", eval_path: str = "", problem_key: str = "problem",
     """``split``: the split of a hub ``path`` (AIME24's hub copy has only "train", MATH-500's only "test");
     ``eval_path`` is read from its "test" split."""
     if not path:
-        raise ValueError("task.path: the math task needs a data file (jsonl/parquet/csv) or a hub dataset id")
+        raise UserError("task.path: the math task needs a data file (jsonl/parquet/csv) or a hub dataset id")
     if not 0 <= eval_fraction < 1:
-        raise ValueError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
+        raise UserError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
     if format_reward not in FORMAT_REWARDS:
-        raise ValueError(f"task.format_reward must be one of {', '.join(FORMAT_REWARDS)}, got {format_reward!r}")
+        raise UserError(f"task.format_reward must be one of {', '.join(FORMAT_REWARDS)}, got {format_reward!r}")
     if "{problem}" not in template:
-        raise ValueError(f"task.template must contain {{problem}}, got {template!r}")
+        raise UserError(f"task.template must contain {{problem}}, got {template!r}")
     rows = load_rows(path, split)
     if not rows:
-        raise ValueError(f"task.path: {path} has no rows")
+        raise UserError(f"task.path: {path} has no rows")
     if max_samples:
         rows = rows[:max_samples]
     example = MATH_EXAMPLE if one_shot else None

@@ -22,6 +22,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from mmrl.errors import UserError
+
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (235, 200, 30)}
 SHAPES = ("circle", "square", "triangle", "cross")
 BACKGROUND = (245, 245, 245)
@@ -45,7 +47,7 @@ def shape_mask(shape: str, cx: float, cy: float, r: float, size: int):
         d.rectangle([cx - r, cy - t, cx + r, cy + t], fill=255)
         d.rectangle([cx - t, cy - r, cx + t, cy + r], fill=255)
     else:
-        raise ValueError(f"unknown shape {shape!r}")
+        raise UserError(f"unknown shape {shape!r}")
     return mask
 
 
@@ -276,20 +278,20 @@ def synthetic_set(kind: str, n: int = 512, size: int = 112, seed: int = 0, colou
     from mmrl.tasks.vision_data import build_cached
 
     if n < 1:
-        raise ValueError(f"task.n_samples must be >= 1, got {n}")
+        raise UserError(f"task.n_samples must be >= 1, got {n}")
     if not 56 <= size <= 1024:
-        raise ValueError(f"task.image_size must be in [56, 1024], got {size}")
+        raise UserError(f"task.image_size must be in [56, 1024], got {size}")
     if layout not in LAYOUTS:
-        raise ValueError(f"task.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        raise UserError(f"task.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     builders = {"grounding": lambda r: build_grounding(r, n, size, seed, layout=layout),
                 "detection": lambda r: build_grounding(r, n, size, seed, detection=True),
                 "classification": lambda r: build_classification(r, n, size, seed, colour_cue),
                 "visual_choice": lambda r: build_visual_choice(r, n, size, seed, choice_kinds, shuffle_options)}
     if kind not in builders:
-        raise ValueError(f"unknown synthetic set {kind!r}; choose one of {', '.join(builders)}")
+        raise UserError(f"unknown synthetic set {kind!r}; choose one of {', '.join(builders)}")
     bad = [k for k in choice_kinds if k not in CHOICE_KINDS]
     if bad or not choice_kinds:
-        raise ValueError(f"task.kinds: unknown question kinds {bad}; use some of {', '.join(CHOICE_KINDS)}")
+        raise UserError(f"task.kinds: unknown question kinds {bad}; use some of {', '.join(CHOICE_KINDS)}")
     variant = {"classification": "-cue" if colour_cue else "-nocue",
                "visual_choice": "-" + "+".join(choice_kinds) + ("-shuffled" if shuffle_options else ""),
                "grounding": "-grid" if layout == "grid" else ""}.get(kind, "")

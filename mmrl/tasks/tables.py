@@ -26,6 +26,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from mmrl.errors import UserError
+
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 
 
@@ -53,7 +55,7 @@ class Rows(list):
 
     def __init__(self, rows: list[dict[str, Any]], places: list[str]) -> None:
         if len(rows) != len(places):
-            raise ValueError(f"Rows: {len(rows)} rows but {len(places)} places")
+            raise UserError(f"Rows: {len(rows)} rows but {len(places)} places")
         super().__init__(rows)
         self.places = list(places)
 
@@ -83,7 +85,7 @@ def _decode(data: bytes, path: Path) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise ValueError(f"task.path: {path} line {line} is not UTF-8 text (byte 0x{data[exc.start]:02x} at column "
+        raise UserError(f"task.path: {path} line {line} is not UTF-8 text (byte 0x{data[exc.start]:02x} at column "
                          f"{column}); re-save the file as UTF-8") from None
 
 
@@ -96,15 +98,15 @@ def _json_value(text: str, path: Path, line: int) -> Any:
         # Python's json reads the bare NaN / Infinity / -Infinity of no JSON standard: refused as what they are
         return json.loads(text, parse_float=WrittenNumber, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"task.path: {path} line {line + exc.lineno - 1} is not valid JSON ({exc.msg} at column "
+        raise UserError(f"task.path: {path} line {line + exc.lineno - 1} is not valid JSON ({exc.msg} at column "
                          f"{exc.colno})") from None
     except RecursionError:
-        raise ValueError(f"task.path: {path} line {line} nests JSON too deeply") from None
+        raise UserError(f"task.path: {path} line {line} nests JSON too deeply") from None
 
 
 def _record(value: Any, path: Path, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ValueError(f"task.path: {path} {where} is a JSON {type(value).__name__}, not an object of fields")
+        raise UserError(f"task.path: {path} {where} is a JSON {type(value).__name__}, not an object of fields")
     return value
 
 
@@ -127,9 +129,9 @@ def read_json(path: Path) -> Rows:
     if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         lengths = {len(v) for v in data.values()}
         if len(lengths) != 1:
-            raise ValueError(f"task.path: {path} holds columns of different lengths {sorted(lengths)}")
+            raise UserError(f"task.path: {path} holds columns of different lengths {sorted(lengths)}")
         return _counted([dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)])
-    raise ValueError(f"task.path: {path} must hold a JSON list of objects or an object of columns")
+    raise UserError(f"task.path: {path} must hold a JSON list of objects or an object of columns")
 
 
 def read_csv(path: Path) -> Rows:
@@ -139,9 +141,9 @@ def read_csv(path: Path) -> Rows:
     except StopIteration:
         return Rows([], [])
     except csv.Error as exc:
-        raise ValueError(f"task.path: {path} line 1 is not valid CSV ({exc})") from None
+        raise UserError(f"task.path: {path} line 1 is not valid CSV ({exc})") from None
     if len(set(header)) != len(header) or any(not h.strip() for h in header):
-        raise ValueError(f"task.path: {path} line 1: the header has empty or repeated column names {header}")
+        raise UserError(f"task.path: {path} line 1: the header has empty or repeated column names {header}")
     rows, places = [], []
     while True:
         first_line = reader.line_num + 1  # a quoted cell may span lines: the record starts after the last one read
@@ -150,11 +152,11 @@ def read_csv(path: Path) -> Rows:
         except StopIteration:
             break
         except csv.Error as exc:
-            raise ValueError(f"task.path: {path} line {reader.line_num} is not valid CSV ({exc})") from None
+            raise UserError(f"task.path: {path} line {reader.line_num} is not valid CSV ({exc})") from None
         if not cells:
             continue
         if len(cells) > len(header):
-            raise ValueError(f"task.path: {path} line {first_line} has {len(cells)} cells, the header "
+            raise UserError(f"task.path: {path} line {first_line} has {len(cells)} cells, the header "
                              f"{len(header)}")
         cells += [""] * (len(header) - len(cells))
         rows.append({h: (c if c != "" else None) for h, c in zip(header, cells, strict=True)})
@@ -169,7 +171,7 @@ def read_parquet(path: Path) -> Rows:
     try:
         rows = pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError) as exc:
-        raise ValueError(f"task.path: {path} is not a readable parquet file ({str(exc).splitlines()[0]})") from None
+        raise UserError(f"task.path: {path} is not a readable parquet file ({str(exc).splitlines()[0]})") from None
     return _counted([{key: _positional(value) for key, value in row.items()} for row in rows])
 
 
@@ -190,11 +192,11 @@ def load_rows(source: str, split: str = "train") -> Rows:
     path = Path(os.path.expanduser(source))
     if path.suffix in LOCAL_SUFFIXES or path.exists():
         if not path.exists():
-            raise ValueError(f"task.path: no such file {str(path)!r}")
+            raise UserError(f"task.path: no such file {str(path)!r}")
         if path.suffix not in READERS:
-            raise ValueError(f"task.path: {str(path)!r} is not one of {', '.join(LOCAL_SUFFIXES)}")
+            raise UserError(f"task.path: {str(path)!r} is not one of {', '.join(LOCAL_SUFFIXES)}")
         if not path.is_file():
-            raise ValueError(f"task.path: {str(path)!r} is not a file")
+            raise UserError(f"task.path: {str(path)!r} is not a file")
         return READERS[path.suffix](path)
     import datasets
 
@@ -203,11 +205,11 @@ def load_rows(source: str, split: str = "train") -> Rows:
     if not offline_by_env() and not hub_reachable():  # offline: the cached copy or one line, not 30 s of retries
         snapshot = cached_snapshot(source, repo_type="dataset")
         if snapshot is None:
-            raise ValueError(f"task.path: {source!r} is not a local file, and the Hugging Face hub does not answer "
+            raise UserError(f"task.path: {source!r} is not a local file, and the Hugging Face hub does not answer "
                              f"(offline?) and has no cached copy of it")
         source = snapshot
     try:
         return _counted(list(datasets.load_dataset(source, split=split)))
     except Exception as exc:  # noqa: BLE001 -- turned into one clear line naming the field
-        raise ValueError(f"task.path: cannot load dataset {source!r} split {split!r} "
+        raise UserError(f"task.path: cannot load dataset {source!r} split {split!r} "
                          f"(a hub id needs network access): {type(exc).__name__}: {exc}") from exc

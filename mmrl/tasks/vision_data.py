@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.cache import EMBEDDED_VL_NAME, build_once, cache_root
+from mmrl.errors import UserError
 from mmrl.tasks.tables import Rows, load_rows, row_place
 
 # Recommended config of every task with images (``register_task(..., config_defaults=IMAGE_TASK_DEFAULTS)``): the
@@ -56,10 +57,10 @@ class ImageRoot:
         if self.allow_outside:
             return resolved
         if self.folder is None:
-            raise ValueError(f"{where}: image path {name!r} in a dataset without a folder of its own (a hub "
+            raise UserError(f"{where}: image path {name!r} in a dataset without a folder of its own (a hub "
                              "dataset); pass --task.allow_outside_images true to read image files it names")
         if not resolved.is_relative_to(self.folder.resolve()):
-            raise ValueError(f"{where}: image path {name!r} leads outside the dataset's folder {str(self.folder)!r}; "
+            raise UserError(f"{where}: image path {name!r} leads outside the dataset's folder {str(self.folder)!r}; "
                              "pass --task.allow_outside_images true to allow it")
         return resolved
 
@@ -80,17 +81,17 @@ def image_value(cell: Any, root: ImageRoot, where: str) -> str | bytes:
         elif cell.get("path"):
             cell = cell["path"]
         else:
-            raise ValueError(f"{where}: image dict has neither 'bytes' nor 'path'")
+            raise UserError(f"{where}: image dict has neither 'bytes' nor 'path'")
     if isinstance(cell, (bytes, bytearray, memoryview)):
         value: str | bytes = bytes(cell)
     elif isinstance(cell, (str, os.PathLike)) and str(cell).strip():
         path = root.locate(str(cell), where)
         # one message for a missing file and one this user may not read (or that is not a file)
         if not path.is_file() or not os.access(path, os.R_OK):
-            raise ValueError(f"{where}: image file {str(path)!r} does not exist or cannot be read")
+            raise UserError(f"{where}: image file {str(path)!r} does not exist or cannot be read")
         value = str(path)
     else:
-        raise ValueError(f"{where}: no image (got {type(cell).__name__})")
+        raise UserError(f"{where}: no image (got {type(cell).__name__})")
     check_image(value, where)
     return value
 
@@ -104,7 +105,7 @@ def check_image(value: str | bytes, where: str) -> tuple[int, int]:
             im.load()
             return im.height, im.width
     except Exception as exc:  # noqa: BLE001 -- PIL raises many types for bad files; one clear line instead
-        raise ValueError(f"{where}: image cannot be read ({type(exc).__name__}: {exc})") from exc
+        raise UserError(f"{where}: image cannot be read ({type(exc).__name__}: {exc})") from exc
 
 
 def load_table(source: str, split: str, max_samples: int = 0,
@@ -119,7 +120,7 @@ def load_table(source: str, split: str, max_samples: int = 0,
     if max_samples:
         rows = rows[:max_samples]
     if not rows:
-        raise ValueError(f"task.path: {source!r} has no rows")
+        raise UserError(f"task.path: {source!r} has no rows")
     return rows, ImageRoot(folder, allow_outside_images)
 
 
@@ -149,7 +150,7 @@ def image_folder_rows(root: Path) -> Rows:
             rows.append({"image": str(image.resolve()), "label": class_dir.name})
             places.append(f"file {class_dir.name}/{image.name}")
     if not rows:
-        raise ValueError(f"task.path: image folder {str(root)!r} has no <label>/<image> files "
+        raise UserError(f"task.path: image folder {str(root)!r} has no <label>/<image> files "
                          f"({', '.join(IMAGE_SUFFIXES)})")
     return Rows(rows, places)
 
@@ -160,8 +161,8 @@ def require_column(rows: list[dict[str, Any]], key: str, option: str, where: str
     if missing is None:
         return
     if all(key not in row for row in rows):
-        raise ValueError(f"task.{option}: {where} has no column {key!r} (columns: {sorted(map(str, rows[0]))})")
-    raise ValueError(f"task.path: {where} {row_place(rows, missing)} has no {key!r}")
+        raise UserError(f"task.{option}: {where} has no column {key!r} (columns: {sorted(map(str, rows[0]))})")
+    raise UserError(f"task.path: {where} {row_place(rows, missing)} has no {key!r}")
 
 
 def vision_messages(image: Any, text: str, system_prompt: str | None = None) -> list[dict[str, Any]]:
@@ -176,7 +177,7 @@ def split_rows(rows: list[dict[str, Any]], eval_fraction: float, seed: int) -> t
     import random
 
     if not 0 <= eval_fraction < 1:
-        raise ValueError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
+        raise UserError(f"task.eval_fraction must be in [0, 1), got {eval_fraction}")
     rows = list(rows)
     random.Random(seed).shuffle(rows)
     n_eval = int(round(len(rows) * eval_fraction))

@@ -22,6 +22,7 @@ import re
 from functools import partial
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.rewards.vision import gold_letter, sample_options
 from mmrl.rewards.vision_metrics import match_accuracy
@@ -56,20 +57,20 @@ def choice_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str, *, imag
         cell = to_plain(row.get(image_key))
         cells = cell if isinstance(cell, list) else [cell]
         if not cells:
-            raise ValueError(f"{at} column {image_key!r}: no image")
+            raise UserError(f"{at} column {image_key!r}: no image")
         images = [image_value(c, base, f"{at} column {image_key!r}") for c in cells]
         question = row.get(question_key)
         if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"{at} column {question_key!r}: empty question")
+            raise UserError(f"{at} column {question_key!r}: empty question")
         raw_options = row.get(options_key) if options_key else None
         raw_options = to_plain(raw_options)
         options = sample_options({"options": raw_options}) if raw_options is not None else []
         if options_key and len(options) < 2:
-            raise ValueError(f"{at} column {options_key!r}: fewer than two options")
+            raise UserError(f"{at} column {options_key!r}: fewer than two options")
         answer = strip_answer_tags(row.get(answer_key))
         letter = gold_letter({"answer": answer, "options": options})
         if letter is None:
-            raise ValueError(f"{at} column {answer_key!r}: {str(answer)[:60]!r} is neither an option letter nor "
+            raise UserError(f"{at} column {answer_key!r}: {str(answer)[:60]!r} is neither an option letter nor "
                              "one of the options")
         text = question.strip()
         if options and not LISTED.search(text):

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 import mmrl.algos as algos
 from mmrl.envs.base import EnvError
+from mmrl.errors import UserError
 from mmrl.models import is_embedded, load_model
 from mmrl.models.loading import load_vision_processor
 from mmrl.models.lora import LoraSettings, parse_targets
@@ -36,9 +37,9 @@ def build_task(cfg: TrainConfig) -> Task | EnvTask:
     cfg.task.options = options_for_model(cfg.task.name, cfg.task.options, is_embedded(cfg.model.name))
     task = get_task(cfg.task.name, **cfg.task.options)
     if task.multi_turn and cfg.task.reward_model:
-        raise ValueError(f"config: task.reward_model is for single-turn tasks; {task.name!r} is scored by its env")
+        raise UserError(f"config: task.reward_model is for single-turn tasks; {task.name!r} is scored by its env")
     if not task.multi_turn and cfg.sft.steps:
-        raise ValueError(f"config: sft.steps (--sft-warmup) needs a multi-turn task with demonstrations, not "
+        raise UserError(f"config: sft.steps (--sft-warmup) needs a multi-turn task with demonstrations, not "
                          f"{task.name!r}")
     if cfg.task.reward_model:
         scorer = RewardModelScorer(cfg.task.reward_model)
@@ -85,7 +86,7 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"config: model.device is {name!r} but no CUDA device is available")
+        raise UserError(f"config: model.device is {name!r} but no CUDA device is available")
     return torch.device(name)
 
 
@@ -120,7 +121,7 @@ def encode_all_prompts(task: Task, tokenizer, limit: int, max_checked: int = 50_
             try:
                 ids = encode_prompt(tokenizer, row["messages"], limit)
             except ValueError as exc:
-                raise ValueError(f"{exc} ({sample_place(row, split, i)}); raise it or filter the data") from exc
+                raise UserError(f"{exc} ({sample_place(row, split, i)}); raise it or filter the data") from exc
             if split == "train":
                 cache[i] = ids
     bar.close()
@@ -140,8 +141,8 @@ def check_episode_budget(task: EnvTask, renderer: TurnRenderer, cfg: TrainConfig
     try:
         n = len(asyncio.run(first_prompt()))
     except EnvError as exc:
-        raise ValueError(f"task {task.name}: the first training game does not start: {exc}") from exc
+        raise UserError(f"task {task.name}: the first training game does not start: {exc}") from exc
     r = cfg.rollout
     if n + r.max_new_tokens > r.max_episode_tokens:
-        raise ValueError(f"config: rollout.max_episode_tokens {r.max_episode_tokens} leaves no room for a turn after "
+        raise UserError(f"config: rollout.max_episode_tokens {r.max_episode_tokens} leaves no room for a turn after "
                          f"the first prompt ({n} tokens) and rollout.max_new_tokens {r.max_new_tokens}")

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl.errors import RunError
+from mmrl.errors import RunError, UserError
 
 log = logging.getLogger("mmrl")
 FORMAT, VERSION = "mmrl-checkpoint", 1
@@ -58,7 +58,7 @@ SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16:
                       torch.uint8: "U8", torch.bool: "BOOL"}
 
 
-class LegacyCheckpoint(ValueError):
+class LegacyCheckpoint(UserError):
     """A checkpoint in the pickled format of an older mmrl: not read (see the module's docstring)."""
 
 
@@ -257,18 +257,18 @@ def verify(folder: Path) -> None:
     """ValueError (one line) unless ``SHA256SUMS`` lists both files of the checkpoint with their digests."""
     digest_file = folder / DIGEST
     if not digest_file.is_file():
-        raise ValueError(f"checkpoint {folder} is damaged (it has no {DIGEST})")
+        raise UserError(f"checkpoint {folder} is damaged (it has no {DIGEST})")
     expected = {}
     for line in digest_file.read_text(errors="replace").splitlines():
         digest, _, name = line.partition("  ")
         expected[name] = digest
     for name in (STATE, TENSORS):
         if name not in expected:
-            raise ValueError(f"checkpoint {folder} is damaged ({DIGEST} does not list {name})")
+            raise UserError(f"checkpoint {folder} is damaged ({DIGEST} does not list {name})")
         if not (folder / name).is_file():
-            raise ValueError(f"checkpoint {folder} is damaged ({name} is missing)")
+            raise UserError(f"checkpoint {folder} is damaged ({name} is missing)")
         if file_sha256(folder / name) != expected[name]:
-            raise ValueError(f"checkpoint {folder} is damaged (the SHA-256 of {name} does not match {DIGEST})")
+            raise UserError(f"checkpoint {folder} is damaged (the SHA-256 of {name} does not match {DIGEST})")
 
 
 def read_state(folder: Path) -> dict[str, Any]:
@@ -280,13 +280,13 @@ def read_state(folder: Path) -> dict[str, Any]:
         doc = json.loads((folder / STATE).read_text())
         tensors = load_file(folder / TENSORS, device="cpu")
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError(f"{STATE} is not an mmrl checkpoint's")
+            raise UserError(f"{STATE} is not an mmrl checkpoint's")
         if doc.get("version") != VERSION:
-            raise ValueError(f"format version {doc.get('version')!r}; this mmrl reads version {VERSION}")
+            raise UserError(f"format version {doc.get('version')!r}; this mmrl reads version {VERSION}")
         return _decode(doc["state"], tensors)
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, SafetensorError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ValueError(f"checkpoint {folder} cannot be read ({type(exc).__name__}: {first[:200]})") from exc
+        raise UserError(f"checkpoint {folder} cannot be read ({type(exc).__name__}: {first[:200]})") from exc
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -300,7 +300,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     verify(folder)
     state = read_state(folder)
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
-        raise ValueError(f"checkpoint {folder} is not a checkpoint of mmrl.train (no model state)")
+        raise UserError(f"checkpoint {folder} is not a checkpoint of mmrl.train (no model state)")
     return state
 
 
@@ -317,8 +317,8 @@ def load_latest(run_dir: Path) -> tuple[Path, dict[str, Any], list[Path]]:
             log.warning("%s; falling back to the previous checkpoint", exc)
             skipped.append(path)
     if skipped:
-        raise ValueError(f"run {run_dir}: none of its {len(skipped)} checkpoints can be read")
-    raise ValueError(f"run {run_dir} has no checkpoint")
+        raise UserError(f"run {run_dir}: none of its {len(skipped)} checkpoints can be read")
+    raise UserError(f"run {run_dir} has no checkpoint")
 
 
 def set_aside(unreadable: Path) -> Path:

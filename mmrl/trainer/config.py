@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,120 +19,184 @@ import yaml
 
 import mmrl.algos as algos
 from mmrl.cache import EMBEDDED_NAME
+from mmrl.errors import UserError
 from mmrl.trainer.schedule import SCHEDULES
 from mmrl.trainer.text_sampler import SAMPLERS
 from mmrl.values import YAMLBoundError, as_default_type, safe_yaml, yaml_scalar
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A field's valid values: ``text`` is said in ``--help``, docs/config.md and the error; ``ok(value, cfg)`` checks
+    it (``cfg``: the whole TrainConfig, for a bound that is another field)."""
+
+    text: str
+    ok: Callable[[Any, Any], bool]
+
+
+def at_least(low: float, note: str = "") -> Range:
+    return Range(f"must be >= {low}{note}", lambda v, cfg: v >= low)
+
+
+def above(low: float, note: str = "") -> Range:
+    return Range(f"must be > {low}{note}", lambda v, cfg: v > low)
+
+
+def unit_interval(open_low: bool) -> Range:
+    text = f"must be in {'(' if open_low else '['}0, 1]"
+    return Range(text, lambda v, cfg: (0 < v if open_low else 0 <= v) and v <= 1)
+
+
+def one_of(choices: typing.Sequence[Any], note: str = "") -> Range:
+    return Range(f"must be one of {', '.join(map(str, choices))}{note}", lambda v, cfg: v in choices)
+
+
+def setting(default: Any = dataclasses.MISSING, help: str = "", range: Range | None = None,  # noqa: A002
+            factory: Callable[[], Any] | None = None) -> Any:
+    """A config field with its help text and valid range in its metadata: the one source of ``--help``, the range
+    check of `validate` and docs/config.md (``python -m mmrl.trainer.config_doc``)."""
+    metadata = {"help": help, "range": range}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+BACKENDS = ("local", "openrlhf")
+
+
 @dataclasses.dataclass
 class ModelConfig:
-    name: str = EMBEDDED_NAME  # embedded:tiny-qwen2, a local dir, a hub id, or a .gguf file
-    dtype: str = "float32"  # compute dtype: float32 | bfloat16 (autocast; weights and AdamW state stay float32)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int = 0  # torch CPU threads; 0 keeps torch's default
-    gradient_checkpointing: bool = False
-    lora_rank: int = 0  # > 0: train LoRA adapters of this rank (peft) instead of every weight; 0: full fine-tune
-    lora_alpha: int = 16  # LoRA scaling numerator (scale = alpha / rank), an integer as OpenRLHF's --ds.lora.alpha
-    lora_targets: str = "all-linear"  # module names to adapt, comma-separated (q_proj,v_proj), or all-linear
-    min_pixels: int = 3136  # vision: qwen-vl-utils resize floor per image (56 × 56)
-    max_pixels: int = 401_408  # vision: resize ceiling per image (512 tokens at patch 14; R1-V / Visual-RFT setting)
-    share_image_features: bool = True  # vision: run the vision tower once per prompt, not once per response
-    trust_remote_code: bool = dataclasses.field(default=False, metadata={"help": (
-        "let transformers run Python code shipped with the model (auto_map in its config files); only for a model "
-        "whose code you have read (docs/security.md)")})
+    name: str = setting(EMBEDDED_NAME, "the policy: an embedded:* model, a local folder, a hub id, or a .gguf file")
+    dtype: str = setting("float32", "compute dtype (bfloat16: autocast; weights and AdamW state stay float32)",
+                         one_of(("float32", "bfloat16")))
+    device: str = setting("auto", "where the model runs: auto, cpu, cuda or cuda:N")
+    threads: int = setting(0, "torch CPU threads; 0 keeps torch's default", at_least(0))
+    gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+    lora_rank: int = setting(0, "> 0: train LoRA adapters of this rank (peft) instead of every weight",
+                             at_least(0, " (0: full fine-tune)"))
+    lora_alpha: int = setting(16, "LoRA scaling numerator (scale = alpha / rank), an integer as OpenRLHF's "
+                              "--ds.lora.alpha", at_least(1))
+    lora_targets: str = setting("all-linear", "module names to adapt, comma-separated (q_proj,v_proj), or all-linear")
+    min_pixels: int = setting(3136, "vision: qwen-vl-utils resize floor per image (56 x 56)", at_least(1))
+    max_pixels: int = setting(401_408, "vision: resize ceiling per image (512 tokens at patch 14; the R1-V and "
+                              "Visual-RFT setting)",
+                              Range("must be >= model.min_pixels", lambda v, cfg: v >= cfg.model.min_pixels))
+    share_image_features: bool = setting(True, "vision: run the vision tower once per prompt, not once per response")
+    trust_remote_code: bool = setting(False, "let transformers run Python code shipped with the model (auto_map in "
+                                      "its config files); only for a model whose code you have read "
+                                      "(docs/security.md)")
 
 
 @dataclasses.dataclass
 class MoEConfig:
     """Router controls for Mixture-of-Experts models (an error on a dense model)."""
 
-    aux_loss_coef: float = 0.0  # load-balancing loss weight; 0 in RL: it fights the policy objective (see docs)
-    z_loss_coef: float = 0.0  # ST-MoE router z-loss weight
-    freeze_router: bool = False  # no gradient to router weights
-    routing_replay: bool = False  # replay the rollout's expert choices in the training forward (R3)
+    aux_loss_coef: float = setting(0.0, "load-balancing loss weight; 0 in RL, where it fights the policy objective",
+                                   at_least(0))
+    z_loss_coef: float = setting(0.0, "ST-MoE router z-loss weight", at_least(0))
+    freeze_router: bool = setting(False, "no gradient to the router weights")
+    routing_replay: bool = setting(False, "replay the rollout's expert choices in the training forward (R3)")
 
 
 @dataclasses.dataclass
 class TaskConfig:
-    name: str = "arithmetic"
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # --task.<option> (see --help)
-    reward_model: str = ""  # path of a sequence-classification reward model to add to the task's reward
-    reward_model_weight: float = 1.0
+    name: str = setting("arithmetic", "the task (the list is at the end of --help)")
+    options: dict[str, Any] = setting(help="the task's options, as --task.OPTION VALUE (at the end of --help)",
+                                      factory=dict)
+    reward_model: str = setting("", "path of a sequence-classification reward model to add to the task's reward")
+    reward_model_weight: float = setting(1.0, "weight of the reward model's score in the sum")
 
 
 @dataclasses.dataclass
 class AlgoConfig:
-    name: str = "grpo"
-    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # --algo.<hyper-parameter> (see --help)
+    name: str = setting("grpo", "the objective (the list is at the end of --help)")
+    params: dict[str, Any] = setting(help="the objective's hyper-parameters, as --algo.KEY VALUE (at the end of "
+                                     "--help)", factory=dict)
 
 
 @dataclasses.dataclass
 class RolloutConfig:
-    prompts_per_step: int = 16
-    samples_per_prompt: int = 8  # group size
-    max_new_tokens: int = 16
-    max_prompt_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
-    generation_batch_size: int = 128
-    # mmrl: mmrl.trainer.text_sampler (one pre-fill per distinct prompt, finished rows leave the batch); hf:
-    # transformers' generate. Prompts with images always use generate.
-    sampler: str = "mmrl"
-    replay_historical: int = 0  # GVPO's off-policy π_s: responses per group replayed from earlier steps
-    # Multi-turn tasks: max_new_tokens is per turn; an episode (prompt + turns + feedback) ends, truncated, at this many
-    max_episode_tokens: int = 2048
-    env_workers: int = 0  # multi-turn: 0 = envs in this process; N = an EnvPool of N worker processes (isolation)
-    episode_kv_cache: bool = True  # multi-turn: keep each episode's KV cache across turns (False: re-read each turn)
-    env_step_timeout: float = 120.0  # seconds an env step may take in the pool before its worker counts as hung
+    prompts_per_step: int = setting(16, "prompts (groups) per training step", at_least(1))
+    samples_per_prompt: int = setting(8, "responses per prompt: the group size", at_least(
+        2, " (group-relative advantages of a group of one are 0)"))
+    max_new_tokens: int = setting(16, "tokens generated per response (multi-turn tasks: per turn)", at_least(1))
+    max_prompt_tokens: int = setting(512, "longest prompt in tokens; a longer one is an error naming it", at_least(1))
+    temperature: float = setting(1.0, "sampling temperature", above(0, " (greedy groups have no variance)"))
+    top_p: float = setting(1.0, "nucleus sampling threshold", unit_interval(open_low=True))
+    generation_batch_size: int = setting(128, "responses generated in one batch", at_least(1))
+    sampler: str = setting("mmrl", "mmrl: one pre-fill per distinct prompt, finished rows leave the batch; hf: "
+                           "transformers' generate. Prompts with images always use generate", one_of(SAMPLERS))
+    replay_historical: int = setting(0, "GVPO's off-policy pi_s: responses per group replayed from earlier steps",
+                                     Range("must be >= 0 and < rollout.samples_per_prompt",
+                                           lambda v, cfg: 0 <= v < cfg.rollout.samples_per_prompt))
+    # multi-turn tasks also check it against the first prompt and max_new_tokens at start (check_episode_budget)
+    max_episode_tokens: int = setting(2048, "multi-turn: an episode (prompt, turns, feedback) ends, truncated, at "
+                                      "this many tokens", at_least(1))
+    env_workers: int = setting(0, "multi-turn: 0 runs the envs in this process; N runs an EnvPool of N worker "
+                               "processes (isolation)", at_least(0))
+    episode_kv_cache: bool = setting(True, "multi-turn: keep each episode's KV cache across turns (false: re-read "
+                                     "each turn)")
+    env_step_timeout: float = setting(120.0, "seconds an env step may take in the pool before its worker counts as "
+                                      "hung", above(0))
 
 
 @dataclasses.dataclass
 class OptimConfig:
-    lr: float = 1e-3  # for the embedded tiny model (2e-3 diverges); billion-parameter models want ~1e-6
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0  # optimizer steps of linear warm-up from 0 (mmrl.trainer.schedule)
-    schedule: str = "constant"  # after warm-up: constant | linear (decay to 0) | cosine (down to min_lr_ratio × lr)
-    min_lr_ratio: float = 0.0  # cosine's floor as a fraction of lr (Open-RS: 0.1)
-    grad_clip: float = 1.0
-    epochs: int = 1  # update epochs over each rollout batch (K)
-    minibatches: int = 1  # optimizer steps per epoch; groups are never split across mini-batches
-    micro_batch_size: int = 0  # max responses per forward/backward (gradient accumulation); 0 = whole mini-batch
-    # On the CPU, text batches at least 512 tokens wide are scored (re-scoring and update) one unpadded row at a time:
-    # the same values, ~2x less CPU on ALFWorld episodes (mmrl.trainer.rollout.ROW_BY_ROW_MIN_WIDTH); False = padded.
-    row_by_row: bool = True
+    lr: float = setting(1e-3, "learning rate; 1e-3 suits the embedded tiny model, billion-parameter models want "
+                        "about 1e-6", above(0))
+    weight_decay: float = setting(0.0, "AdamW weight decay", at_least(0))
+    betas: tuple[float, float] = setting((0.9, 0.999), "AdamW betas",
+                                         Range("must both be in [0, 1)", lambda v, cfg: all(0 <= b < 1 for b in v)))
+    warmup_steps: int = setting(0, "optimizer steps of linear warm-up from 0", at_least(0))
+    schedule: str = setting("constant", "after warm-up: constant, linear (decay to 0) or cosine (down to "
+                            "min_lr_ratio x lr)", one_of(SCHEDULES))
+    min_lr_ratio: float = setting(0.0, "cosine's floor as a fraction of lr", unit_interval(open_low=False))
+    grad_clip: float = setting(1.0, "gradient norm clip", above(0))
+    epochs: int = setting(1, "update epochs over each rollout batch (K)", at_least(1))
+    minibatches: int = setting(1, "optimizer steps per epoch; groups are never split across mini-batches",
+                               Range("must be between 1 and rollout.prompts_per_step (groups are not split)",
+                                     lambda v, cfg: 1 <= v <= cfg.rollout.prompts_per_step))
+    micro_batch_size: int = setting(0, "most responses per forward/backward (gradient accumulation); 0: the whole "
+                                    "mini-batch", at_least(0))
+    # wide CPU text batches are scored one unpadded row at a time: the same values, about half the CPU on ALFWorld
+    # episodes (mmrl.trainer.rollout.ROW_BY_ROW_MIN_WIDTH)
+    row_by_row: bool = setting(True, "on the CPU, score text batches at least 512 tokens wide one unpadded row at a "
+                               "time (same values, less CPU); false: padded")
 
 
 @dataclasses.dataclass
 class SFTConfig:
     """Supervised warm-start on the task's expert demonstrations before RL (multi-turn tasks; ``--sft-warmup N``)."""
 
-    steps: int = 0  # 0: no warm-up
-    lr: float = 1e-3
-    batch_size: int = 8  # demonstrations (episodes) per step
-    demos: int = 0  # training rows rendered as demonstrations; 0 = all
-    demos_per_row: int = 1  # demonstrations per row, each from a differently seeded expert
+    steps: int = setting(0, "supervised warm-start steps before RL; 0: none", at_least(0))
+    lr: float = setting(1e-3, "warm-start learning rate", above(0))
+    batch_size: int = setting(8, "demonstrations (episodes) per step", at_least(1))
+    demos: int = setting(0, "training rows rendered as demonstrations; 0: all", at_least(0))
+    demos_per_row: int = setting(1, "demonstrations per row, each from a differently seeded expert", at_least(1))
 
 
 @dataclasses.dataclass
 class RunConfig:
-    steps: int = 60
-    seed: int = 0
-    out_dir: str = ""  # default: runs/<task>-<algo>
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
-    eval_every: int = 0  # 0: only at the end
-    eval_samples: int = 4  # k for pass@k / avg@k
-    eval_temperature: float = 1.0
-    eval_sample_prompts: int = 4  # held-out problems per evaluation whose completions go to samples.jsonl
-    resume: bool = False
-    overwrite: bool = False  # start afresh in an out_dir that already holds a run
-    progress: bool = True
-    plot: bool = True
-    track_kl_to_init: bool = False  # keep a frozen copy of the initial policy and log KL(π_old || π_init)
-    backend: str = "local"  # local (this process) | openrlhf (Ray + vLLM + DeepSpeed through OpenRLHF 0.11.x)
-    tensorboard: bool = False  # also write TensorBoard event files (the metrics.jsonl scalars) into the run dir
-    wandb: str = ""  # a Weights & Biases project: also log there (offline unless logged in; see mmrl.trainer.loggers)
+    steps: int = setting(60, "training steps", at_least(1))
+    seed: int = setting(0, "random seed of the run")
+    out_dir: str = setting("", "the run directory; empty: runs/TASK-ALGO")
+    checkpoint_every: int = setting(10, "steps between checkpoints; 0: only at the end", at_least(0))
+    keep_checkpoints: int = setting(2, "checkpoints kept on disk, newest first", at_least(1))
+    eval_every: int = setting(0, "steps between held-out evaluations; 0: only at the end", at_least(0))
+    eval_samples: int = setting(4, "k for pass@k / avg@k", at_least(1))
+    eval_temperature: float = setting(1.0, "sampling temperature of the held-out evaluation")
+    eval_sample_prompts: int = setting(4, "held-out problems per evaluation whose completions go to samples.jsonl",
+                                       at_least(0))
+    resume: bool = setting(False, "continue the run in out_dir from its last checkpoint")
+    overwrite: bool = setting(False, "start afresh in an out_dir that already holds a run")
+    progress: bool = setting(True, "show a progress bar")
+    plot: bool = setting(True, "draw curves.png in the run directory")
+    track_kl_to_init: bool = setting(False, "keep a frozen copy of the initial policy and log KL(pi_old || pi_init)")
+    backend: str = setting("local", "local (this process) or openrlhf (Ray + vLLM + DeepSpeed through OpenRLHF "
+                           "0.11.x)", one_of(BACKENDS))
+    tensorboard: bool = setting(False, "also write TensorBoard event files (the metrics.jsonl scalars) into the run "
+                                "directory")
+    wandb: str = setting("", "a Weights & Biases project to log to as well (offline unless logged in)")
 
 
 @dataclasses.dataclass
@@ -139,15 +204,15 @@ class EvalSetConfig:
     """One named evaluation set (an entry of ``evaluation.sets``): which problems, how they are sampled, what is
     reported. The papers' protocols differ set by set (AIME avg@32 beside greedy pass@1), hence one entry each."""
 
-    name: str = ""
-    path: str = ""  # "" = the task's own held-out split; else a file / hub id read by the run's task with `options`
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # task options for this set (columns, template)
-    samples: int = 1  # samples per problem
-    temperature: float = 0.0  # 0 = greedy (then samples must be 1)
-    top_p: float = 1.0
-    max_new_tokens: int = 0  # 0: rollout.max_new_tokens
-    max_problems: int = 0  # 0: every problem of the set
-    metric: str = "pass@1"  # the headline: pass@1, or pass@k / avg@k with k = samples
+    name: str = setting("", "the set's name in the metrics (eval/NAME/...)")
+    path: str = setting("", "empty: the task's own held-out split; else a file or hub id read by the run's task")
+    options: dict[str, Any] = setting(help="task options for this set (columns, template)", factory=dict)
+    samples: int = setting(1, "samples per problem")
+    temperature: float = setting(0.0, "sampling temperature; 0: greedy (then samples must be 1)")
+    top_p: float = setting(1.0, "nucleus sampling threshold")
+    max_new_tokens: int = setting(0, "tokens per response; 0: rollout.max_new_tokens")
+    max_problems: int = setting(0, "problems evaluated; 0: every problem of the set")
+    metric: str = setting("pass@1", "the headline: pass@1, or pass@k / avg@k with k = samples")
 
 
 @dataclasses.dataclass
@@ -155,28 +220,33 @@ class EvaluationConfig:
     """Named evaluation sets, each with its own sampling (docs/cluster.md, section 8). Empty: the task's held-out split
     with ``run.eval_samples`` / ``run.eval_temperature``. When: ``run.eval_every`` and the end of the run."""
 
-    sets: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # entries of EvalSetConfig's fields
+    sets: list[dict[str, Any]] = setting(help="named evaluation sets, each a mapping of the fields of "
+                                         "evaluation.sets entries (below)", factory=list)
 
 
 @dataclasses.dataclass
 class ClusterConfig:
     """Resources of the ``openrlhf`` backend (ignored by the local backend); see docs/openrlhf.md."""
 
-    ray_address: str = ""  # "" starts a local Ray; "auto" joins the running cluster; or ray://host:10001
-    nodes: int = 1  # nodes for the policy (DeepSpeed) actors
-    gpus_per_node: int = 8  # GPUs per node for the policy actors (and the reference model when one is needed)
-    vllm_engines: int = 8  # vLLM rollout engines
-    vllm_tensor_parallel_size: int = 1
-    vllm_gpu_memory_utilization: float = 0.6
-    zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
-    colocate: bool = True  # policy, reference and vLLM share the same GPUs (OpenRLHF --train.colocate_all)
-    # CPU rehearsal of the whole OpenRLHF pipeline: HF generate behind the vLLM engine interface, DeepSpeed on its CPU
-    # accelerator, gloo weight sync (docs/cluster.md); defaults to 1 node x 1 "GPU" x 1 engine
-    rehearsal: bool = False
-    placement_timeout: float = 300.0  # seconds to wait for Ray to place the actors before naming what is missing
-    # a local Ray's dashboard, on 127.0.0.1 only (reach it through an ssh tunnel; docs/security.md); off by default
-    dashboard: bool = False
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # raw OpenRLHF flags, {"actor.aux_loss_coef": 0}
+    ray_address: str = setting("", "empty starts a local Ray; auto joins the running cluster; or ray://host:10001")
+    nodes: int = setting(1, "nodes for the policy (DeepSpeed) actors", at_least(1))
+    gpus_per_node: int = setting(8, "GPUs per node for the policy actors (and the reference model when one is "
+                                 "needed)", at_least(1))
+    vllm_engines: int = setting(8, "vLLM rollout engines", at_least(1, " (rollouts are generated by vLLM)"))
+    vllm_tensor_parallel_size: int = setting(1, "GPUs per vLLM engine", at_least(1))
+    vllm_gpu_memory_utilization: float = setting(0.6, "share of a GPU's memory vLLM may take",
+                                                 unit_interval(open_low=True))
+    zero_stage: int = setting(2, "DeepSpeed ZeRO stage", one_of((0, 1, 2, 3)))
+    colocate: bool = setting(True, "policy, reference and vLLM share the same GPUs (OpenRLHF "
+                             "--train.colocate_all)")
+    rehearsal: bool = setting(False, "CPU rehearsal of the whole OpenRLHF pipeline: HF generate behind the vLLM "
+                              "engine interface, DeepSpeed on its CPU accelerator, gloo weight sync (docs/cluster.md); "
+                              "defaults to 1 node x 1 GPU x 1 engine")
+    placement_timeout: float = setting(300.0, "seconds to wait for Ray to place the actors before naming what is "
+                                       "missing", above(0, " seconds"))
+    dashboard: bool = setting(False, "a local Ray's dashboard, on 127.0.0.1 only (reach it through an ssh tunnel; "
+                              "docs/security.md)")
+    extra: dict[str, Any] = setting(help='raw OpenRLHF flags, e.g. {"actor.aux_loss_coef": 0}', factory=dict)
 
 
 @dataclasses.dataclass
@@ -203,16 +273,14 @@ class TrainConfig:
 # ``--cluster.rehearsal true`` starts from one policy rank and one rollout engine (a laptop); flags still override
 REHEARSAL_DEFAULTS = {"cluster.nodes": 1, "cluster.gpus_per_node": 1, "cluster.vllm_engines": 1,
                       "cluster.vllm_tensor_parallel_size": 1}
-SECTIONS = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
-BACKENDS = ("local", "openrlhf")
+# The sections of a config, in order, with their dataclasses: the one list that the flags, the YAML reader and
+# docs/config.md are made from.
+SECTIONS: dict[str, type] = {name: type(value) for name, value in vars(TrainConfig()).items()}
 OPEN_SECTIONS = {"algo": "params", "task": "options"}  # sections that take extra keys
 
 
 def _section_fields(section: str) -> dict[str, dataclasses.Field]:
-    cls = {"model": ModelConfig, "moe": MoEConfig, "task": TaskConfig, "algo": AlgoConfig, "rollout": RolloutConfig,
-           "optim": OptimConfig, "sft": SFTConfig, "run": RunConfig, "evaluation": EvaluationConfig,
-           "cluster": ClusterConfig}[section]
-    return {f.name: f for f in dataclasses.fields(cls)}
+    return {f.name: f for f in dataclasses.fields(SECTIONS[section])}
 
 
 def _coerce(where: str, value: Any, default: Any) -> Any:
@@ -235,13 +303,13 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
         elif key in ("algo", "task", "model") and not isinstance(value, dict):
             flat[f"{key}.name"] = value
         elif key in SECTIONS:
-            raise ValueError(f"config ({origin}): section {key!r} must be a mapping of fields, got {value!r}")
+            raise UserError(f"config ({origin}): section {key!r} must be a mapping of fields, got {value!r}")
         else:
             flat[key] = value
     for key, value in flat.items():
         section, _, field = key.partition(".")
         if section not in SECTIONS or not field:
-            raise ValueError(f"config ({origin}): unknown field {key!r}{_suggest(section, SECTIONS)}")
+            raise UserError(f"config ({origin}): unknown field {key!r}{_suggest(section, SECTIONS)}")
         fields = _section_fields(section)
         obj = getattr(cfg, section)
         if field in fields and field not in OPEN_SECTIONS.values():
@@ -251,7 +319,7 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
             # a task option keeps its text as written: the task converts it by its option's type (tasks/base.py)
             extra[field] = yaml_scalar(value) if isinstance(value, str) and section != "task" else value
         else:
-            raise ValueError(f"config ({origin}): unknown field {key!r}{_suggest(field, fields)}")
+            raise UserError(f"config ({origin}): unknown field {key!r}{_suggest(field, fields)}")
 
 
 def resolve_config(layers: list[tuple[dict[str, Any], str]]) -> TrainConfig:
@@ -297,17 +365,17 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 def load_yaml(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"config: no such file {path!r}")
+        raise UserError(f"config: no such file {path!r}")
     try:
         data = safe_yaml(p.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as exc:
-        raise ValueError(f"config: {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+        raise UserError(f"config: {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
     except YAMLBoundError as exc:
-        raise ValueError(f"config: {path} is refused: {yaml_problem(exc)}") from None
+        raise UserError(f"config: {path} is refused: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"config: {path} is not valid YAML: {yaml_problem(exc)}") from None
+        raise UserError(f"config: {path} is not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config: {path} must hold a mapping of sections, got {type(data).__name__}")
+        raise UserError(f"config: {path} must hold a mapping of sections, got {type(data).__name__}")
     return data
 
 
@@ -318,17 +386,17 @@ def eval_set_configs(cfg: TrainConfig) -> list[EvalSetConfig]:
     for i, entry in enumerate(cfg.evaluation.sets):
         where = f"evaluation.sets[{i}]"
         if not isinstance(entry, dict):
-            raise ValueError(f"config: {where} must be a mapping of {', '.join(fields)}, got {entry!r}")
+            raise UserError(f"config: {where} must be a mapping of {', '.join(fields)}, got {entry!r}")
         unknown = set(entry) - set(fields)
         if unknown:
             name = sorted(unknown)[0]
-            raise ValueError(f"config: {where} has no field {name!r}{_suggest(name, fields)}")
+            raise UserError(f"config: {where} has no field {name!r}{_suggest(name, fields)}")
         values = {}
         for key, value in entry.items():
             default = fields[key].default if key != "options" else {}
             if key == "options":
                 if not isinstance(value, dict):
-                    raise ValueError(f"config: {where}.options must be a mapping of task options, got {value!r}")
+                    raise UserError(f"config: {where}.options must be a mapping of task options, got {value!r}")
                 values[key] = dict(value)
             else:
                 values[key] = _coerce(f"{where}.{key}", value, default)
@@ -348,92 +416,40 @@ def eval_set_configs(cfg: TrainConfig) -> list[EvalSetConfig]:
         ]
         for field, ok, why in checks:
             if not ok:
-                raise ValueError(f"config: {where}.{field} {why}, got {getattr(es, field)!r}")
+                raise UserError(f"config: {where}.{field} {why}, got {getattr(es, field)!r}")
         if any(other.name == es.name for other in out):
-            raise ValueError(f"config: {where}.name {es.name!r} is used twice")
+            raise UserError(f"config: {where}.name {es.name!r} is used twice")
         out.append(es)
     return out
 
 
 def validate(cfg: TrainConfig) -> None:
-    """Range checks that need no model; the algorithm and task check their own parameters when built."""
-    checks = [
-        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step >= 1, "must be >= 1"),
-        ("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt >= 2,
-         "must be >= 2 (group-relative advantages of a group of one are 0)"),
-        ("rollout.max_new_tokens", cfg.rollout.max_new_tokens >= 1, "must be >= 1"),
-        ("rollout.max_prompt_tokens", cfg.rollout.max_prompt_tokens >= 1, "must be >= 1"),
-        ("rollout.temperature", cfg.rollout.temperature > 0, "must be > 0 (greedy groups have no variance)"),
-        ("rollout.top_p", 0 < cfg.rollout.top_p <= 1, "must be in (0, 1]"),
-        ("rollout.generation_batch_size", cfg.rollout.generation_batch_size >= 1, "must be >= 1"),
-        ("rollout.sampler", cfg.rollout.sampler in SAMPLERS, f"must be one of {', '.join(SAMPLERS)}"),
-        ("rollout.replay_historical", 0 <= cfg.rollout.replay_historical < cfg.rollout.samples_per_prompt,
-         "must be >= 0 and < rollout.samples_per_prompt"),
-        # multi-turn tasks also check it against the first prompt and max_new_tokens at start (check_episode_budget)
-        ("rollout.max_episode_tokens", cfg.rollout.max_episode_tokens >= 1, "must be >= 1"),
-        ("rollout.env_workers", cfg.rollout.env_workers >= 0, "must be >= 0"),
-        ("rollout.env_step_timeout", cfg.rollout.env_step_timeout > 0, "must be > 0"),
-        ("optim.lr", cfg.optim.lr > 0, "must be > 0"),
-        ("optim.weight_decay", cfg.optim.weight_decay >= 0, "must be >= 0"),
-        ("optim.betas", all(0 <= b < 1 for b in cfg.optim.betas), "must both be in [0, 1)"),
-        ("optim.warmup_steps", cfg.optim.warmup_steps >= 0, "must be >= 0"),
-        ("optim.schedule", cfg.optim.schedule in SCHEDULES, f"must be one of {', '.join(SCHEDULES)}"),
-        ("optim.min_lr_ratio", 0 <= cfg.optim.min_lr_ratio <= 1, "must be in [0, 1]"),
-        ("optim.grad_clip", cfg.optim.grad_clip > 0, "must be > 0"),
-        ("optim.epochs", cfg.optim.epochs >= 1, "must be >= 1"),
-        ("optim.minibatches", 1 <= cfg.optim.minibatches <= cfg.rollout.prompts_per_step,
-         "must be between 1 and rollout.prompts_per_step (groups are not split)"),
-        ("optim.micro_batch_size", cfg.optim.micro_batch_size >= 0, "must be >= 0"),
-        ("sft.steps", cfg.sft.steps >= 0, "must be >= 0"),
-        ("sft.lr", cfg.sft.lr > 0, "must be > 0"),
-        ("sft.batch_size", cfg.sft.batch_size >= 1, "must be >= 1"),
-        ("sft.demos", cfg.sft.demos >= 0, "must be >= 0"),
-        ("sft.demos_per_row", cfg.sft.demos_per_row >= 1, "must be >= 1"),
-        ("run.steps", cfg.run.steps >= 1, "must be >= 1"),
-        ("run.checkpoint_every", cfg.run.checkpoint_every >= 0, "must be >= 0"),
-        ("run.keep_checkpoints", cfg.run.keep_checkpoints >= 1, "must be >= 1"),
-        ("run.eval_every", cfg.run.eval_every >= 0, "must be >= 0"),
-        ("run.eval_samples", cfg.run.eval_samples >= 1, "must be >= 1"),
-        ("run.eval_sample_prompts", cfg.run.eval_sample_prompts >= 0, "must be >= 0"),
-        ("model.dtype", cfg.model.dtype in ("float32", "bfloat16"), "must be float32 or bfloat16"),
-        ("model.threads", cfg.model.threads >= 0, "must be >= 0"),
-        ("model.lora_rank", cfg.model.lora_rank >= 0, "must be >= 0 (0: full fine-tune)"),
-        ("model.lora_alpha", cfg.model.lora_alpha >= 1, "must be >= 1"),
-        ("model.min_pixels", cfg.model.min_pixels >= 1, "must be >= 1"),
-        ("model.max_pixels", cfg.model.max_pixels >= cfg.model.min_pixels, "must be >= model.min_pixels"),
-        ("moe.aux_loss_coef", cfg.moe.aux_loss_coef >= 0, "must be >= 0"),
-        ("moe.z_loss_coef", cfg.moe.z_loss_coef >= 0, "must be >= 0"),
-        ("run.backend", cfg.run.backend in BACKENDS, f"must be one of {', '.join(BACKENDS)}"),
-        ("cluster.nodes", cfg.cluster.nodes >= 1, "must be >= 1"),
-        ("cluster.gpus_per_node", cfg.cluster.gpus_per_node >= 1, "must be >= 1"),
-        ("cluster.vllm_engines", cfg.cluster.vllm_engines >= 1, "must be >= 1 (rollouts are generated by vLLM)"),
-        ("cluster.vllm_tensor_parallel_size", cfg.cluster.vllm_tensor_parallel_size >= 1, "must be >= 1"),
-        ("cluster.vllm_gpu_memory_utilization", 0 < cfg.cluster.vllm_gpu_memory_utilization <= 1,
-         "must be in (0, 1]"),
-        ("cluster.placement_timeout", cfg.cluster.placement_timeout > 0, "must be > 0 seconds"),
-        ("cluster.zero_stage", cfg.cluster.zero_stage in (0, 1, 2, 3), "must be 0, 1, 2 or 3"),
-        ("cluster.extra", isinstance(cfg.cluster.extra, dict), "must be a mapping of OpenRLHF flags to values"),
-    ]
-    for name, ok, why in checks:
-        if not ok:
-            section, field = name.split(".")
-            raise ValueError(f"config: {name} {why}, got {getattr(getattr(cfg, section), field)!r}")
+    """Range checks that need no model (each field's ``range`` metadata, then the checks between sections); the
+    algorithm and task check their own parameters when built."""
+    for section in SECTIONS:
+        for f in dataclasses.fields(SECTIONS[section]):
+            limit, value = f.metadata.get("range"), getattr(getattr(cfg, section), f.name)
+            if limit is not None and not limit.ok(value, cfg):
+                raise UserError(f"config: {section}.{f.name} {limit.text}, got {value!r}")
+    if not isinstance(cfg.cluster.extra, dict):  # a mapping field's values are its owner's to check: this one here
+        raise UserError(f"config: cluster.extra must be a mapping of OpenRLHF flags to values, got "
+                        f"{cfg.cluster.extra!r}")
     eval_set_configs(cfg)
     if cfg.optim.min_lr_ratio and cfg.optim.schedule != "cosine":
-        raise ValueError(f"config: optim.min_lr_ratio is the floor of optim.schedule cosine; it has no effect on "
+        raise UserError(f"config: optim.min_lr_ratio is the floor of optim.schedule cosine; it has no effect on "
                          f"{cfg.optim.schedule!r}")
     if cfg.model.lora_rank:
         from mmrl.models.lora import parse_targets
 
         parse_targets(cfg.model.lora_targets)
     if cfg.moe.routing_replay and cfg.model.gradient_checkpointing:
-        raise ValueError("config: moe.routing_replay cannot be combined with model.gradient_checkpointing (the "
+        raise UserError("config: moe.routing_replay cannot be combined with model.gradient_checkpointing (the "
                          "recomputation in backward would not replay the routing)")
     if cfg.moe.freeze_router and (cfg.moe.aux_loss_coef > 0 or cfg.moe.z_loss_coef > 0):
-        raise ValueError("config: moe.freeze_router with a router loss (moe.aux_loss_coef / moe.z_loss_coef) would "
+        raise UserError("config: moe.freeze_router with a router loss (moe.aux_loss_coef / moe.z_loss_coef) would "
                          "train the rest of the network to balance a frozen router; use one or the other")
     objective = algos.ALGORITHMS.get(cfg.algo.name)  # an unknown name fails when the objective is built
     if cfg.rollout.replay_historical and objective is not None and not objective.replays_history:
         replaying = "/".join(sorted(name for name, cls in algos.ALGORITHMS.items() if cls.replays_history))
-        raise ValueError(f"config: rollout.replay_historical needs --algo {replaying} (an objective that is exact on "
+        raise UserError(f"config: rollout.replay_historical needs --algo {replaying} (an objective that is exact on "
                          f"responses of older policies; {cfg.algo.name} is not)")

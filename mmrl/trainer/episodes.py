@@ -34,6 +34,7 @@ from typing import Any
 
 from mmrl.batch import Response
 from mmrl.envs.base import EnvError, TextEnv
+from mmrl.errors import UserError
 from mmrl.rewards.base import RewardResult
 from mmrl.trainer.rollout import generate
 
@@ -55,12 +56,12 @@ class TurnRenderer:
         self.tokenizer = tokenizer
         self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("multi-turn tasks need a tokenizer with a chat template")
+            raise UserError("multi-turn tasks need a tokenizer with a chat template")
         base = self.system + [{"role": "user", "content": "u"}, {"role": "assistant", "content": _ASSISTANT_SLOT}]
         closed = self._render(base, generation_prompt=False)
         extended = self._render(base + [{"role": "user", "content": _USER_SLOT}], generation_prompt=True)
         if not extended.startswith(closed) or _USER_SLOT not in extended[len(closed):]:
-            raise ValueError("the tokenizer's chat template does not render a conversation as a prefix of its "
+            raise UserError("the tokenizer's chat template does not render a conversation as a prefix of its "
                              "continuation; multi-turn episodes need one that does")
         end_of_turn = closed[closed.index(_ASSISTANT_SLOT) + len(_ASSISTANT_SLOT):]
         before, _, after = extended[len(closed):].partition(_USER_SLOT)

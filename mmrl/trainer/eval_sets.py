@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.tasks import TASKS, Task, get_task
 from mmrl.tasks.base import EnvTask
 from mmrl.trainer.config import EvalSetConfig, TrainConfig, eval_set_configs
@@ -34,7 +35,7 @@ def _rebuild(cfg: TrainConfig, options: dict[str, Any], where: str) -> Task | En
     try:
         return get_task(cfg.task.name, **options)
     except ValueError as exc:
-        raise ValueError(f"config: {where}: {exc}") from exc
+        raise UserError(f"config: {where}: {exc}") from exc
 
 
 def build_eval_sets(cfg: TrainConfig, task: Task | EnvTask) -> list[EvalSet]:
@@ -46,7 +47,7 @@ def build_eval_sets(cfg: TrainConfig, task: Task | EnvTask) -> list[EvalSet]:
         if not es.path:
             built = _rebuild(cfg, {**cfg.task.options, **es.options}, where) if es.options else task
         elif task.multi_turn or not {"path", "eval_path", "eval_fraction"} <= accepted:
-            raise ValueError(f"config: {where}.path: task {cfg.task.name!r} does not read problems from a file; "
+            raise UserError(f"config: {where}.path: task {cfg.task.name!r} does not read problems from a file; "
                              f"choose its games or split with {where}.options instead")
         else:
             read = _rebuild(cfg, {**cfg.task.options, "path": es.path, "eval_path": "", "eval_fraction": 0.0,
@@ -54,6 +55,6 @@ def build_eval_sets(cfg: TrainConfig, task: Task | EnvTask) -> list[EvalSet]:
             built = dataclasses.replace(read, eval=read.train)
         rows = built.eval[: es.max_problems] if es.max_problems else built.eval
         if not rows:
-            raise ValueError(f"config: {where} has no problems")
+            raise UserError(f"config: {where} has no problems")
         sets.append(EvalSet(es, dataclasses.replace(built, eval=rows)))
     return sets

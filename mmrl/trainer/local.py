@@ -40,7 +40,7 @@ import mmrl.algos as algos
 from mmrl import moe
 from mmrl.algos.base import stats_for_rows
 from mmrl.batch import Group, Response, RolloutBatch, collate
-from mmrl.errors import Interrupted, checkpoint_note
+from mmrl.errors import Interrupted, UserError, checkpoint_note
 from mmrl.models import load_tokenizer
 from mmrl.models.lora import FrozenBase, add_lora, load_policy_weights, policy_weights
 from mmrl.rewards.base import RewardResult
@@ -476,7 +476,7 @@ class Trainer:
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
         if bool(state.get("lora")) != (lora_settings(self.cfg) is not None):
-            raise ValueError(f"config: {path} was written {'with' if state.get('lora') else 'without'} LoRA "
+            raise UserError(f"config: {path} was written {'with' if state.get('lora') else 'without'} LoRA "
                              f"adapters; resume with the model.lora_* settings it was written with")
         load_policy_weights(self.model, state)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -619,7 +619,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     eval_sets = build_eval_sets(cfg, task)
     algo = build_algorithm(cfg, task.multi_turn)  # the same call as the openrlhf backend's
     if cfg.model.lora_rank and cfg.sft.steps and reference_needed(algo, cfg):
-        raise ValueError("config: model.lora_rank with sft.steps and a reference model: the reference would be the "
+        raise UserError("config: model.lora_rank with sft.steps and a reference model: the reference would be the "
                          "base before the warm-up, not the warmed-up policy; use a full fine-tune or no KL")
     if algo.on_policy_only and cfg.optim.epochs * cfg.optim.minibatches > 1:
         log.warning("%s has no importance ratio: with %d updates per rollout it is off-policy after the first",
@@ -659,7 +659,7 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
     model = load_policy(cfg, device)
     routers = moe.find_routers(model)
     if not routers and cfg.moe != type(cfg.moe)():
-        raise ValueError(f"config: moe.* options are set but {cfg.model.name!r} has no MoE router")
+        raise UserError(f"config: moe.* options are set but {cfg.model.name!r} has no MoE router")
     if routers and cfg.moe.routing_replay:
         moe.check_replayable(model)
     if routers and cfg.moe.freeze_router:

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from mmrl import moe
 from mmrl.batch import Group, Response, RolloutBatch
+from mmrl.errors import UserError
 from mmrl.rewards.base import Reward
 from mmrl.trainer.text_sampler import SAMPLERS, sample_texts
 
@@ -34,11 +35,11 @@ def encode_prompt(tokenizer, messages: list[dict], max_prompt_tokens: int) -> li
     if len(text) > cut:  # a huge prompt (a 10 MB row): its prefix alone proves it too long, in milliseconds
         head = len(tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
         if head > max_prompt_tokens + PREFIX_SLACK_TOKENS:
-            raise ValueError(f"rollout.max_prompt_tokens: a prompt has more than {head - PREFIX_SLACK_TOKENS} tokens "
+            raise UserError(f"rollout.max_prompt_tokens: a prompt has more than {head - PREFIX_SLACK_TOKENS} tokens "
                              f"({len(text)} characters), more than {max_prompt_tokens}")
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) > max_prompt_tokens:
-        raise ValueError(f"rollout.max_prompt_tokens: a prompt has {len(ids)} tokens, more than {max_prompt_tokens}")
+        raise UserError(f"rollout.max_prompt_tokens: a prompt has {len(ids)} tokens, more than {max_prompt_tokens}")
     return ids
 
 
@@ -69,7 +70,7 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int
     ``generate``), or ``"hf"``, ``transformers``' ``generate``.
     """
     if sampler not in SAMPLERS:
-        raise ValueError(f"rollout.sampler: must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+        raise UserError(f"rollout.sampler: must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     was_training = model.training
     model.eval()
     stop = eos_ids(tokenizer, model)

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.files import atomic_write_text, is_temporary_of
 from mmrl.trainer.checkpoint import latest_checkpoint, remove_partial_writes
 from mmrl.trainer.config import TrainConfig, saved_overrides
@@ -82,7 +83,7 @@ class RunLock:
                 handle.seek(0)
                 owner = handle.read().strip() or "unknown"
                 handle.close()
-                raise ValueError(f"run.out_dir {self.path.parent} is in use by process {owner} (lock "
+                raise UserError(f"run.out_dir {self.path.parent} is in use by process {owner} (lock "
                                  f"{self.path}); wait for it to finish or choose another --out") from None
             # The file may have been removed by its previous owner between our open and flock: lock the live one.
             try:
@@ -172,7 +173,7 @@ def saved_layer(run_dir: str | Path) -> tuple[dict[str, Any], str] | None:
     if not path.exists():
         return None
     if not is_mmrl_config(path):
-        raise ValueError(f"run.resume: {path} is not a config.json written by mmrl.train")
+        raise UserError(f"run.resume: {path} is not a config.json written by mmrl.train")
     return saved_config(Path(run_dir)), str(path)
 
 
@@ -190,7 +191,7 @@ def resume_changes(run_dir: Path, cfg: TrainConfig) -> dict[str, tuple[Any, Any]
         if key in SAFE_ON_RESUME or key.partition(".")[0] in SAFE_SECTIONS_ON_RESUME:
             changed[key] = (old, new)
             continue
-        raise ValueError(f"config: --resume cannot change {key} ({old!r} in {run_dir / CONFIG_NAME}, {new!r} now): "
+        raise UserError(f"config: --resume cannot change {key} ({old!r} in {run_dir / CONFIG_NAME}, {new!r} now): "
                          f"it changes what is trained; start a new run with another --out instead")
     return changed
 
@@ -267,15 +268,15 @@ def read_record(run_dir: Path) -> set[str] | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"run.out_dir {run_dir}: its record {path} cannot be read ({exc}); move the folder aside "
+        raise UserError(f"run.out_dir {run_dir}: its record {path} cannot be read ({exc}); move the folder aside "
                          f"or choose another --out") from None
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        raise ValueError(f"run.out_dir {run_dir}: its record {path} is not a list of files written by an mmrl run")
+        raise UserError(f"run.out_dir {run_dir}: its record {path} is not a list of files written by an mmrl run")
     # a record is only ever read to remove what it names: a crafted one must not reach outside the folder
     outside = [f for f in files if PurePosixPath(f).is_absolute() or not f or {"..", "."} & set(f.split("/"))]
     if outside:
-        raise ValueError(f"run.out_dir {run_dir}: its record {path} names {outside[0]!r}, which is not a path inside "
+        raise UserError(f"run.out_dir {run_dir}: its record {path} names {outside[0]!r}, which is not a path inside "
                          f"the folder; it was not written by mmrl: move the folder aside or choose another --out")
     return set(files)
 
@@ -416,18 +417,18 @@ def check_out_path(run_dir: Path) -> None:
         if not os.path.lexists(where):
             continue
         if not where.is_dir():
-            raise ValueError(f"run.out_dir {run_dir} exists and is not a directory" if where == run_dir else
+            raise UserError(f"run.out_dir {run_dir} exists and is not a directory" if where == run_dir else
                              f"run.out_dir {run_dir}: {where} is a file, not a folder")
         break
     if not run_dir.is_dir():
         return
     info = run_dir.stat()
     if info.st_uid != os.geteuid():
-        raise ValueError(f"run.out_dir {run_dir} belongs to another user (uid {info.st_uid}); choose a folder of your "
+        raise UserError(f"run.out_dir {run_dir} belongs to another user (uid {info.st_uid}); choose a folder of your "
                          f"own")
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         who = "every user" if info.st_mode & stat.S_IWOTH else "its group"
-        raise ValueError(f"run.out_dir {run_dir} can be written by {who} (mode {stat.S_IMODE(info.st_mode):o}), who "
+        raise UserError(f"run.out_dir {run_dir} can be written by {who} (mode {stat.S_IMODE(info.st_mode):o}), who "
                          f"could replace the run's files; choose a folder only you can write, such as a new folder "
                          f"inside it")
 
@@ -443,7 +444,7 @@ def _check_not_foreign(cfg: TrainConfig) -> set[str] | None:
     ours = record is not None or is_mmrl_config(run_dir / CONFIG_NAME) or LOCK_NAME in entries
     if others and not ours:
         shown = [name for name in others if not is_run_file(name)] or others  # the user's own names say most
-        raise ValueError(f"run.out_dir {run_dir} is not empty and is not an mmrl run (it holds {_shown(shown)}); "
+        raise UserError(f"run.out_dir {run_dir} is not empty and is not an mmrl run (it holds {_shown(shown)}); "
                          + ("nothing here to resume" if cfg.run.resume else "choose another --out"))
     return record
 
@@ -453,15 +454,15 @@ def _check_run(cfg: TrainConfig, layout: RunLayout, record: set[str] | None) -> 
     run_dir = cfg.out_dir
     if not run_dir.is_dir():
         if cfg.run.resume:
-            raise ValueError(f"config: run.resume is set but {run_dir} does not exist")
+            raise UserError(f"config: run.resume is set but {run_dir} does not exist")
         return {"changes": {}, "adopted": (), "left": (), "step": 0}
     latest = layout.latest(run_dir)
     if cfg.run.resume and latest is None:
-        raise ValueError(f"config: run.resume is set but {run_dir} has no checkpoint")
+        raise UserError(f"config: run.resume is set but {run_dir} has no checkpoint")
     if cfg.run.resume and layout.resumes_latest:
         refuse_finished(cfg, *latest)
     if not cfg.run.resume and latest is not None and not cfg.run.overwrite:
-        raise ValueError(f"config: run.out_dir {run_dir} already holds a run; pass --resume to continue it, "
+        raise UserError(f"config: run.out_dir {run_dir} already holds a run; pass --resume to continue it, "
                          f"--run.overwrite true to start afresh, or another --run.out_dir")
     loose = unrecorded(run_dir, record or set())
     adopted: tuple[str, ...] = ()
@@ -470,11 +471,11 @@ def _check_run(cfg: TrainConfig, layout: RunLayout, record: set[str] | None) -> 
     else:
         blocking = [rel for rel in loose if layout.in_the_way(rel)]
         if blocking and record is None:
-            raise ValueError(f"run.out_dir {run_dir} holds a run from an mmrl that did not record the files it wrote "
+            raise UserError(f"run.out_dir {run_dir} holds a run from an mmrl that did not record the files it wrote "
                              f"(no {RECORD_NAME}), so none of them is removed; move away what you want to keep and "
                              f"delete the rest, or choose another --out")
         if blocking:
-            raise ValueError(f"run.out_dir {run_dir}: {_shown(blocking)} was not written by an mmrl run (it is not in "
+            raise UserError(f"run.out_dir {run_dir}: {_shown(blocking)} was not written by an mmrl run (it is not in "
                              f"{RECORD_NAME}) and a new run would replace it; move it away or choose another --out")
     changes = {}
     if cfg.run.resume and (run_dir / CONFIG_NAME).exists():
@@ -486,7 +487,7 @@ def _check_run(cfg: TrainConfig, layout: RunLayout, record: set[str] | None) -> 
 def refuse_finished(cfg: TrainConfig, step: int, checkpoint: Path) -> None:
     """A resume from ``checkpoint`` at ``step`` would train nothing: one line saying so."""
     if step >= cfg.run.steps:
-        raise ValueError(f"run.resume: the run in {cfg.out_dir} is finished (its last checkpoint, {checkpoint}, is at "
+        raise UserError(f"run.resume: the run in {cfg.out_dir} is finished (its last checkpoint, {checkpoint}, is at "
                          f"step {step} of run.steps {cfg.run.steps}); pass --steps N with N > {step} to train it "
                          f"further, or evaluate it with python -m mmrl.eval --model {cfg.out_dir}")
 
@@ -508,14 +509,14 @@ def claim(cfg: TrainConfig, layout: RunLayout = LOCAL_RUN) -> RunDir:
     try:
         run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)  # not writable by others, whatever the umask
     except OSError as exc:
-        raise ValueError(f"run.out_dir {run_dir} cannot be created ({os.strerror(exc.errno) if exc.errno else exc})"
+        raise UserError(f"run.out_dir {run_dir} cannot be created ({os.strerror(exc.errno) if exc.errno else exc})"
                          ) from None
     lock = RunLock(run_dir)
     try:
         try:
             lock.acquire()
         except OSError as exc:
-            raise ValueError(f"run.out_dir {run_dir}: cannot write its lock file "
+            raise UserError(f"run.out_dir {run_dir}: cannot write its lock file "
                              f"({os.strerror(exc.errno) if exc.errno else exc})") from None
         for partial in remove_partial_writes(run_dir):
             log.warning("removed %s, a checkpoint write that never finished", partial)

@@ -10,12 +10,14 @@
 
 from __future__ import annotations
 
+from mmrl.errors import UserError
+
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine_with_min_lr"}
 
 
 def transformers_name(schedule: str) -> str:
     if schedule not in SCHEDULES:
-        raise ValueError(f"config: optim.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        raise UserError(f"config: optim.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     return SCHEDULES[schedule]
 
 

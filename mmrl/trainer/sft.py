@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from mmrl.batch import Group, collate
+from mmrl.errors import UserError
 from mmrl.tasks.base import EnvTask
 from mmrl.trainer.episodes import Episode, Turn, TurnRenderer, run_episodes
 from mmrl.trainer.rollout import ROW_BY_ROW_MIN_WIDTH, response_logprobs
@@ -49,7 +50,7 @@ def render_demonstrations(task: EnvTask, tokenizer, rows: list[dict[str, Any]], 
     """``per_row`` expert demonstrations of each row (players seeded ``seed * per_row + k``), each as a
     one-response :class:`Group`; won episodes only."""
     if task.expert is None:
-        raise ValueError(f"sft.steps > 0 but task {task.name!r} has no expert demonstrations")
+        raise UserError(f"sft.steps > 0 but task {task.name!r} has no expert demonstrations")
     renderer = TurnRenderer(tokenizer, task.system_prompt)
     starts = [(row, seed * per_row + k) for row in rows for k in range(per_row)]
     episodes = [Episode(partial(task.make_env, row), seed=seed) for row, _ in starts]
@@ -61,7 +62,7 @@ def render_demonstrations(task: EnvTask, tokenizer, rows: list[dict[str, Any]], 
     if lost:
         log.warning("%d of %d demonstrations not won (left out), e.g. %s (%s)", len(lost), len(episodes), *lost[0])
     if not groups:
-        raise ValueError(f"task {task.name!r}: no expert demonstration was won; cannot warm up")
+        raise UserError(f"task {task.name!r}: no expert demonstration was won; cannot warm up")
     return groups
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from mmrl.batch import Group, Response
+from mmrl.errors import UserError
 from mmrl.tasks.base import sample_place
 from mmrl.vision.images import has_images
 from mmrl.vision.processor import VisionProcessor, VisionPrompt
@@ -31,7 +32,7 @@ def check_prompts(task: Any, processor: VisionProcessor, max_prompt_tokens: int,
             where = f"{task.name} {sample_place(row, split, i)}"
             length = processor.prompt_length(row, where)
             if length > max_prompt_tokens:
-                raise ValueError(f"rollout.max_prompt_tokens: {where} has {length} prompt tokens (images included), "
+                raise UserError(f"rollout.max_prompt_tokens: {where} has {length} prompt tokens (images included), "
                                  f"more than {max_prompt_tokens}; raise it, lower model.max_pixels or filter the data")
 
 

@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from mmrl.errors import UserError
+
 FRAMES = ("original", "norm1000", "pixels")
 NORM_GRID = 1000.0  # Qwen2-VL's relative grid
 MAX_PARSE_CHARS = 20_000  # a longer answer is not a box list; bounds the regex and JSON work per completion
@@ -208,7 +210,7 @@ def parse_box(text: str) -> tuple[float, float, float, float] | None:
 def check_frame(frame: str | None) -> str:
     frame = frame or "original"
     if frame not in FRAMES:
-        raise ValueError(f"coord_frame must be one of {', '.join(FRAMES)}, got {frame!r}")
+        raise UserError(f"coord_frame must be one of {', '.join(FRAMES)}, got {frame!r}")
     return frame
 
 
@@ -217,15 +219,15 @@ def _scale(frame: str, original_hw: Sequence[float] | None, resized_hw: Sequence
     if frame == "original":
         return 1.0, 1.0
     if original_hw is None:
-        raise ValueError(f"coord_frame {frame!r} needs original_hw")
+        raise UserError(f"coord_frame {frame!r} needs original_hw")
     oh, ow = float(original_hw[0]), float(original_hw[1])
     if frame == "norm1000":
         return ow / NORM_GRID, oh / NORM_GRID
     if resized_hw is None:
-        raise ValueError("coord_frame 'pixels' needs resized_hw")
+        raise UserError("coord_frame 'pixels' needs resized_hw")
     rh, rw = float(resized_hw[0]), float(resized_hw[1])
     if rh <= 0 or rw <= 0:
-        raise ValueError(f"resized_hw must be positive, got {resized_hw}")
+        raise UserError(f"resized_hw must be positive, got {resized_hw}")
     return ow / rw, oh / rh
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from mmrl.errors import UserError
 from mmrl.vision.boxes import resized_hw
 from mmrl.vision.family import VisionFamily, detect_family
 from mmrl.vision.images import ImageError, image_entries, open_image
@@ -26,11 +27,11 @@ def pixel_budget(model: str) -> tuple[VisionFamily, int, int, int]:
 
     family = detect_family(AutoConfig.from_pretrained(model, trust_remote_code=False))  # Qwen-VL: built in
     if family is None:
-        raise ValueError(f"model: {model!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
+        raise UserError(f"model: {model!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
     try:
         processor = AutoImageProcessor.from_pretrained(model, trust_remote_code=False)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"model: cannot load the image processor of {model!r}: {exc}") from exc
+        raise UserError(f"model: cannot load the image processor of {model!r}: {exc}") from exc
     size = getattr(processor, "size", None) or {}
     get = size.get if hasattr(size, "get") else lambda key: getattr(size, key, None)
     # transformers >= 4.52 keeps the budget in ``size`` (shortest_edge/longest_edge are pixel counts, not edges);
@@ -38,7 +39,7 @@ def pixel_budget(model: str) -> tuple[VisionFamily, int, int, int]:
     min_pixels = get("shortest_edge") or getattr(processor, "min_pixels", None)
     max_pixels = get("longest_edge") or getattr(processor, "max_pixels", None)
     if not min_pixels or not max_pixels:
-        raise ValueError(f"model: the image processor of {model!r} has no pixel budget (size or min/max_pixels)")
+        raise UserError(f"model: the image processor of {model!r} has no pixel budget (size or min/max_pixels)")
     patch = getattr(processor, "patch_size", None) or family.patch_size
     merge = getattr(processor, "merge_size", None) or 2
     return family, int(patch) * int(merge), int(min_pixels), int(max_pixels)

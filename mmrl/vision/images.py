@@ -20,8 +20,10 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from mmrl.errors import UserError
 
-class ImageError(ValueError):
+
+class ImageError(UserError):
     """An image of a sample cannot be read; the message names the row."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from mmrl.errors import UserError
 from mmrl.vision.family import VisionFamily, detect_family
 from mmrl.vision.images import image_entries, is_image_item, open_image
 from mmrl.vision.inputs import VisionInputs, VisionTokens
@@ -49,7 +50,7 @@ class VisionProcessor:
     def __init__(self, processor: Any, family: VisionFamily, min_pixels: int = DEFAULT_MIN_PIXELS,
                  max_pixels: int = DEFAULT_MAX_PIXELS, encode_once: bool = True):
         if not 0 < min_pixels <= max_pixels:
-            raise ValueError(f"config: model.min_pixels ({min_pixels}) must be > 0 and <= model.max_pixels "
+            raise UserError(f"config: model.min_pixels ({min_pixels}) must be > 0 and <= model.max_pixels "
                              f"({max_pixels})")
         self.processor, self.family = processor, family
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
@@ -58,7 +59,7 @@ class VisionProcessor:
         ids = {name: tok.convert_tokens_to_ids(name) for name in
                ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
         if ids["<|image_pad|>"] in (None, tok.unk_token_id):
-            raise ValueError("model: the tokenizer has no <|image_pad|> token; it is not a Qwen-VL tokenizer")
+            raise UserError("model: the tokenizer has no <|image_pad|> token; it is not a Qwen-VL tokenizer")
         known = [i for i in ids.values() if i is not None and i != tok.unk_token_id]
         merge = getattr(processor.image_processor, "merge_size", 2)
         self.merge_size = merge
@@ -72,11 +73,11 @@ class VisionProcessor:
 
         family = detect_family(AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code))
         if family is None:
-            raise ValueError(f"model: {where!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
+            raise UserError(f"model: {where!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
         try:
             processor = AutoProcessor.from_pretrained(where, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as exc:
-            raise ValueError(f"model: cannot load the processor of {where!r}: {exc}") from exc
+            raise UserError(f"model: cannot load the processor of {where!r}: {exc}") from exc
         return cls(processor, family, min_pixels, max_pixels, encode_once)
 
     @property
@@ -123,14 +124,14 @@ class VisionProcessor:
             except TypeError:  # qwen-vl-utils < 0.0.12 has no image_patch_size (patch 14 only)
                 images, _ = process_vision_info(opened)
             except ValueError as exc:  # e.g. an aspect ratio beyond qwen-vl-utils' MAX_RATIO
-                raise ValueError(f"{where}: {exc}") from exc
+                raise UserError(f"{where}: {exc}") from exc
         text = self.render(opened)
         size = {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels}
         out = self.processor(text=[text], images=images, return_tensors="pt", return_mm_token_type_ids=True,
                              **({"size": size} if images else {}))
         ids = out["input_ids"][0].tolist()
         if max_prompt_tokens and len(ids) > max_prompt_tokens:
-            raise ValueError(f"rollout.max_prompt_tokens: {where} has {len(ids)} prompt tokens (images included), "
+            raise UserError(f"rollout.max_prompt_tokens: {where} has {len(ids)} prompt tokens (images included), "
                              f"more than {max_prompt_tokens}")
         if not original:
             return VisionPrompt(ids, None, [], [])

@@ -21,6 +21,7 @@ from gymnasium import spaces
 
 from mmrl.envs.base import TextEnv
 from mmrl.envs.sync import run_sync
+from mmrl.errors import UserError
 
 ENV_ID = "mmrl/AlfWorld-v0"
 MAX_TEXT = 1 << 16  # characters; a 40-receptacle ALFWorld prompt is ~4k
@@ -31,7 +32,7 @@ class TextGymEnv(gymnasium.Env):
 
     def __init__(self, env: TextEnv, *, render_mode: str | None = None, max_text: int = MAX_TEXT) -> None:
         if render_mode not in (None, "ansi"):
-            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+            raise UserError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.env = env
         self.render_mode = render_mode
         self.observation_space = spaces.Text(max_length=max_text, min_length=0, charset=string.printable)

@@ -43,6 +43,7 @@ from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
 from mmrl.envs.base import EnvError, StepResult, TextEnv
 from mmrl.envs.pool import EnvPool
+from mmrl.errors import UserError
 
 logger = logging.getLogger(__name__)
 CHATML = ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>")  # user open, turn switch, end
@@ -57,14 +58,14 @@ def parse_label(label: Any) -> dict[str, Any]:
     elif isinstance(label, str | Path):
         spec = {"game_path": str(label)}
     else:
-        raise ValueError(f"ALFWorld agent label must be a game path or a JSON object, got {type(label).__name__}")
+        raise UserError(f"ALFWorld agent label must be a game path or a JSON object, got {type(label).__name__}")
     if not spec.get("game_path"):
-        raise ValueError(f"ALFWorld agent label has no game_path: {label!r}")
+        raise UserError(f"ALFWorld agent label has no game_path: {label!r}")
     spec.setdefault("seed", None)
     spec.setdefault("env", {})
     spec.setdefault("chat", "chatml")
     if spec["chat"] not in ("chatml", "none"):
-        raise ValueError(f"label 'chat' must be 'chatml' or 'none', got {spec['chat']!r}")
+        raise UserError(f"label 'chat' must be 'chatml' or 'none', got {spec['chat']!r}")
     return spec
 
 

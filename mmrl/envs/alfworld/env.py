@@ -27,6 +27,7 @@ from mmrl.envs.actions import parse_action
 from mmrl.envs.alfworld import prompts
 from mmrl.envs.alfworld.engine import Engine
 from mmrl.envs.base import EnvError, StepResult, TextEnv
+from mmrl.errors import UserError
 
 OBSERVATION_MODES = ("incremental", "window")
 
@@ -52,11 +53,11 @@ class AlfWorldEnv(TextEnv):
                  invalid_action_penalty: float = 0.1, *, success_reward: float = 10.0,
                  observation_mode: str = "incremental", require_think: bool = True, template_cache: bool = True):
         if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+            raise UserError(f"max_steps must be >= 1, got {max_steps}")
         if history_length < 0:
-            raise ValueError(f"history_length must be >= 0, got {history_length}")
+            raise UserError(f"history_length must be >= 0, got {history_length}")
         if observation_mode not in OBSERVATION_MODES:
-            raise ValueError(f"observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
+            raise UserError(f"observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
         self.max_steps = max_steps
         self.history_length = history_length
         self.invalid_action_penalty = invalid_action_penalty

@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 
 from mmrl.envs.alfworld.tasks import APPLIANCE
+from mmrl.errors import UserError
 
 VERB = {"pick_clean_then_place_in_recep": "clean", "pick_heat_then_place_in_recep": "heat",
         "pick_cool_then_place_in_recep": "cool"}
@@ -62,7 +63,7 @@ class Goal:
             return cls(data["task_type"], params["object_target"].lower(), params["parent_target"].lower(),
                        params["toggle_target"].lower())
         except (OSError, ValueError, KeyError, AttributeError) as exc:
-            raise ValueError(f"explorer: cannot read the goal from {traj}: {type(exc).__name__}: {exc}") from exc
+            raise UserError(f"explorer: cannot read the goal from {traj}: {type(exc).__name__}: {exc}") from exc
 
 
 class Explorer:

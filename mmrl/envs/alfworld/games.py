@@ -22,6 +22,7 @@ from pathlib import Path
 from mmrl.cache import build_once, cache_root
 from mmrl.envs.alfworld.grammar import check_grammar_text
 from mmrl.envs.alfworld.tasks import TASK_TYPES, official_task_type
+from mmrl.errors import UserError
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 GENERATOR_VERSION = 1  # bump when the generator's output changes, so old cached sets are not reused
@@ -66,9 +67,9 @@ def _read_game(trial_dir: Path, split: str) -> GameInfo | None:
         traj = json.loads((trial_dir / "traj_data.json").read_text())
         game = json.loads(game_path.read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"unreadable ALFWorld game in {trial_dir}: {err}") from err
+        raise UserError(f"unreadable ALFWorld game in {trial_dir}: {err}") from err
     if not isinstance(traj, dict) or not isinstance(game, dict) or not isinstance(game.get("grammar", ""), str):
-        raise ValueError(f"unreadable ALFWorld game in {trial_dir}: not the layout of traj_data.json / game.tw-pddl")
+        raise UserError(f"unreadable ALFWorld game in {trial_dir}: not the layout of traj_data.json / game.tw-pddl")
     task_type = traj.get("task_type")
     if task_type not in TASK_TYPES or not game.get("solvable"):
         return None
@@ -83,7 +84,7 @@ def list_games(root: str | Path | None = None, split: str = "train",
                task_types: list[str] | tuple[str, ...] | None = None) -> list[GameInfo]:
     """Every playable game of ``split`` under ``root`` (or ``$ALFWORLD_DATA``), sorted by path."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise UserError(f"split must be one of {SPLITS}, got {split!r}")
     wanted = {official_task_type(t) for t in task_types} if task_types else set(TASK_TYPES)
     split_dir = _json_root(data_root(root)) / split
     if not split_dir.is_dir():

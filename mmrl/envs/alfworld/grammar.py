@@ -21,6 +21,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from mmrl.errors import UserError
+
 _NODES = (ast.Expression, ast.Name, ast.Attribute, ast.Constant, ast.BinOp, ast.Add, ast.BoolOp, ast.Or, ast.And,
           ast.Load)
 # What a task sentence may hold to stay plain text in the rule that quotes it: no quote, escape or grammar mark.
@@ -28,7 +30,7 @@ _SENTENCE = re.compile(r"[\w .,:()/'-]*")
 _PLACEHOLDER = "UNKNOWN GOAL"
 
 
-class UnsafeGrammar(ValueError):
+class UnsafeGrammar(UserError):
     """A game's grammar holds something TextWorld would run as code beyond reading placeholders."""
 
 

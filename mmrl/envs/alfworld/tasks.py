@@ -6,6 +6,8 @@ appear in follow ``alfworld.gen.constants.GOALS_VALID``.
 
 from __future__ import annotations
 
+from mmrl.errors import UserError
+
 TASK_TYPES: tuple[str, ...] = (
     "pick_and_place_simple",
     "look_at_obj_in_light",
@@ -45,5 +47,5 @@ def official_task_type(name: str) -> str:
         return name
     if name in SHORT_NAMES:
         return SHORT_NAMES[name]
-    raise ValueError(f"unknown ALFWorld task type {name!r}; expected one of {sorted(SHORT_NAMES)} "
+    raise UserError(f"unknown ALFWorld task type {name!r}; expected one of {sorted(SHORT_NAMES)} "
                      f"or {list(TASK_TYPES)}")

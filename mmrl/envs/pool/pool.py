@@ -44,6 +44,7 @@ from typing import Any
 
 from mmrl.envs.base import EnvError, StepResult, TextEnv
 from mmrl.envs.pool.worker import serve
+from mmrl.errors import UserError
 
 MAX_FAILED_STARTS = 3  # a slot whose worker dies this many times in a row before answering anything is not restarted
 _CALLER_ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "RuntimeError": RuntimeError}
@@ -82,12 +83,12 @@ class EnvPool:
         to ground); ``step_timeout`` bounds a step."""
         for name, value in (("step_timeout", step_timeout), ("reset_timeout", reset_timeout)):
             if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+                raise UserError(f"{name} must be > 0, got {value}")
         self.reset_timeout = reset_timeout
         self.make_env = make_env
         self.num_workers = num_workers or _usable_cores()
         if self.num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+            raise UserError(f"num_workers must be >= 1, got {num_workers}")
         self.step_timeout = step_timeout
         self._ctx = multiprocessing.get_context(mp_context)
         self._lock = threading.RLock()
