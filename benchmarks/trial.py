@@ -77,7 +77,7 @@ def refused(code: int, err: str, *, expect: str = "") -> tuple[str, str]:
     if code == 0:
         return WRONG, "accepted"
     if code == 2 and len(errors) == 1 and expect in errors[0]:
-        return CLEAR, errors[0][:200]
+        return CLEAR, errors[0]
     return WRONG, f"exit {code}: {(errors or err.strip().splitlines() or [''])[-1][:160]}"
 
 
@@ -88,7 +88,7 @@ def raises_one_line(fn: Callable[[], object], expect: str) -> tuple[str, str]:
     except ValueError as exc:
         text = str(exc)
         if "\n" not in text and expect in text:
-            return CLEAR, text[:200]
+            return CLEAR, text
         return WRONG, f"unclear: {text[:160]}"
     except Exception as exc:  # noqa: BLE001 -- any other exception is the crash this trial counts
         return CRASH, f"{type(exc).__name__}: {exc}"[:160]
@@ -528,7 +528,7 @@ def main() -> None:
             outcome, detail = CRASH, f"{type(exc).__name__}: {exc}"[:200]
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        detail = detail.replace(str(work), "<tmp>")
+        detail = detail.replace(str(work), "<tmp>")[:200]  # the case folder, named before the cut
         results.append({"case": c.name, "what": c.what, "outcome": outcome, "detail": detail,
                         "seconds": round(time.perf_counter() - start, 1)})
         print(f"{c.name:24} {outcome:15} {detail}", flush=True)
