@@ -77,7 +77,7 @@ def refused(code: int, err: str, *, expect: str = "") -> tuple[str, str]:
     if code == 0:
         return WRONG, "accepted"
     if code == 2 and len(errors) == 1 and expect in errors[0]:
-        return CLEAR, errors[0][:200]
+        return CLEAR, errors[0]
     return WRONG, f"exit {code}: {(errors or err.strip().splitlines() or [''])[-1][:160]}"
 
 
@@ -88,7 +88,7 @@ def raises_one_line(fn: Callable[[], object], expect: str) -> tuple[str, str]:
     except ValueError as exc:
         text = str(exc)
         if "\n" not in text and expect in text:
-            return CLEAR, text[:200]
+            return CLEAR, text
         return WRONG, f"unclear: {text[:160]}"
     except Exception as exc:  # noqa: BLE001 -- any other exception is the crash this trial counts
         return CRASH, f"{type(exc).__name__}: {exc}"[:160]
@@ -249,6 +249,216 @@ def prompt_too_long(work: Path) -> tuple[str, str]:
     return refused(code, err, expect="m.jsonl line 6")
 
 
+# -------------------------------------------------------------------------------------- run folders and files
+
+
+class RunsCode:
+    """Unpickled, this creates ``marker``: what a crafted checkpoint would do with a shell command."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def ran_or(marker: Path, outcome: tuple[str, str]) -> tuple[str, str]:
+    return (RAN_CODE, f"{marker.name} was created") if marker.exists() else outcome
+
+
+def crafted_state_pt(work: Path) -> tuple[Path, Path]:
+    """(run folder, marker): a run folder as an older mmrl left it, whose pickled ``state.pt`` creates the marker."""
+    import hashlib
+
+    import torch
+
+    from mmrl.trainer.config import TrainConfig
+
+    run, marker = work / "shared-run", work / "MARK"
+    folder = run / "checkpoints" / "step_0000001"
+    folder.mkdir(parents=True)
+    cfg = TrainConfig()
+    cfg.run.out_dir = str(run)
+    (run / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    torch.save({"model": RunsCode(marker), "step": 1, "optimizer": {}}, folder / "state.pt")
+    (folder / "state.sha256").write_text(hashlib.sha256((folder / "state.pt").read_bytes()).hexdigest() + "\n")
+    return run, marker
+
+
+@case("crafted_state_pt_eval", "python -m mmrl.eval --model DIR on a run folder whose state.pt runs a command")
+def crafted_state_pt_eval(work: Path) -> tuple[str, str]:
+    run, marker = crafted_state_pt(work)
+    code, _, err = command("-m", "mmrl.eval", "--model", str(run), "--max-problems", "1")
+    return ran_or(marker, refused(code, err, expect="mmrl.convert_checkpoint"))
+
+
+@case("crafted_state_pt_resume", "--resume of a run folder whose state.pt runs a command")
+def crafted_state_pt_resume(work: Path) -> tuple[str, str]:
+    run, marker = crafted_state_pt(work)
+    code, _, err = command("-m", "mmrl.train", "--out", str(run), "--resume", "--run.progress", "false")
+    return ran_or(marker, refused(code, err, expect="mmrl.convert_checkpoint"))
+
+
+def user_folder(work: Path) -> dict[Path, bytes]:
+    """A user's own folder, with names a run also writes; {file: content} to check afterwards."""
+    files = {work / "mine" / "notes.txt": b"my notes\n", work / "mine" / "config.json": b'{"mine": true}\n',
+             work / "mine" / "checkpoints" / "best.bin": b"\x00weights", work / "mine" / "events.out.tfevents.1": b"e"}
+    for path, content in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return files
+
+
+def lost(files: dict[Path, bytes]) -> list[str]:
+    return [p.name for p, content in files.items() if not p.is_file() or p.read_bytes() != content]
+
+
+@case("overwrite_user_folder", "--run.overwrite true with --out at a user's folder (notes, config.json, checkpoints/)")
+def overwrite_user_folder(work: Path) -> tuple[str, str]:
+    files = user_folder(work)
+    code, _, err = command("-m", "mmrl.train", "--out", str(work / "mine"), "--run.overwrite", "true", *SMALL)
+    gone = lost(files)
+    return (LOST, f"lost {gone}") if gone else refused(code, err, expect="not an mmrl run")
+
+
+@case("overwrite_run_with_user_files", "--run.overwrite true on an earlier run's folder where the user added notes.txt "
+      "and checkpoints/best.bin", trains=True)
+def overwrite_run_with_user_files(work: Path) -> tuple[str, str]:
+    run = work / "run"
+    first = train("--out", str(run), "--steps", "1", "--run.checkpoint_every", "1")
+    if first.wait(timeout=900) != 0:
+        return CRASH, first.communicate()[1].strip().splitlines()[-1][:160]
+    files = {run / "notes.txt": b"my notes\n", run / "checkpoints" / "best.bin": b"\x00weights"}
+    for path, content in files.items():
+        path.write_bytes(content)
+    again = train("--out", str(run), "--steps", "1", "--run.checkpoint_every", "1", "--run.overwrite", "true")
+    _, err = again.communicate(timeout=900)
+    gone = lost(files)
+    if gone:
+        return LOST, f"lost {gone}"
+    if again.returncode != 0:
+        return refused(again.returncode, err)
+    if steps_logged(run) != [0]:
+        return WRONG, f"metrics steps {steps_logged(run)}"
+    return RIGHT, "the run started afresh; notes.txt and checkpoints/best.bin kept"
+
+
+@case("out_other_owner", "--out at an existing folder owned by another user (uid 12345)")
+def out_other_owner(work: Path) -> tuple[str, str]:
+    (work / "theirs").mkdir(mode=0o755)
+    os.chown(work / "theirs", 12345, 12345)
+    code, _, err = command("-m", "mmrl.train", "--out", str(work / "theirs"), *SMALL)
+    return refused(code, err, expect="belongs to another user")
+
+
+@case("out_group_writable", "--out at an existing folder its group can write (mode 775)")
+def out_group_writable(work: Path) -> tuple[str, str]:
+    (work / "shared").mkdir()
+    os.chmod(work / "shared", 0o775)
+    code, _, err = command("-m", "mmrl.train", "--out", str(work / "shared"), *SMALL)
+    return refused(code, err, expect="can be written by its group")
+
+
+@case("out_under_a_file", "--out whose parent is a file")
+def out_under_a_file(work: Path) -> tuple[str, str]:
+    (work / "file").write_text("x")
+    code, _, err = command("-m", "mmrl.train", "--out", str(work / "file" / "run"), *SMALL)
+    return refused(code, err, expect="is a file, not a folder")
+
+
+@case("out_in_proc", "--out /proc/mmrl-trial (a folder nothing can be created in)")
+def out_in_proc(work: Path) -> tuple[str, str]:
+    code, _, err = command("-m", "mmrl.train", "--out", "/proc/mmrl-trial", *SMALL)
+    return refused(code, err, expect="cannot be created")
+
+
+@case("cache_is_a_file", "MMRL_CACHE naming a file")
+def cache_is_a_file(work: Path) -> tuple[str, str]:
+    (work / "cache").write_text("x")
+    out = subprocess.run([sys.executable, "-m", "mmrl.train", "--out", str(work / "run"), *SMALL],
+                         env={**env(), "MMRL_CACHE": str(work / "cache")}, capture_output=True, text=True, timeout=300)
+    return refused(out.returncode, out.stderr, expect="is a file, not a folder")
+
+
+def claimed_run(work: Path) -> Path:
+    """A run folder as a run leaves it when it starts: claimed, with its record and config.json."""
+    from mmrl.train import parse_config
+    from mmrl.trainer.run_dir import claim
+
+    cfg = parse_config(["--out", str(work / "run")])
+    owner = claim(cfg)
+    owner.record_config(cfg, 0)
+    owner.lock.release()
+    return work / "run"
+
+
+def eval_out(work: Path, out: Path, expect: str) -> tuple[str, str]:
+    code, _, err = command("-m", "mmrl.eval", "--max-problems", "2", "--k", "1", "--out", str(out))
+    return refused(code, err, expect=expect)
+
+
+@case("eval_out_run_config", "mmrl.eval --out at a run's own config.json")
+def eval_out_run_config(work: Path) -> tuple[str, str]:
+    run = claimed_run(work)
+    before = (run / "config.json").read_bytes()
+    outcome = eval_out(work, run / "config.json", "is one of the files of the mmrl run")
+    return (LOST, "config.json was replaced") if (run / "config.json").read_bytes() != before else outcome
+
+
+@case("eval_out_directory", "mmrl.eval --out at an existing folder")
+def eval_out_directory(work: Path) -> tuple[str, str]:
+    (work / "results").mkdir()
+    return eval_out(work, work / "results", "is a folder")
+
+
+@case("eval_out_missing_parent", "mmrl.eval --out in a folder that does not exist")
+def eval_out_missing_parent(work: Path) -> tuple[str, str]:
+    return eval_out(work, work / "nowhere" / "eval.json", "does not exist")
+
+
+@case("secret_in_cluster_extra", "cluster.extra {logger.wandb.key: <secret>} on the openrlhf backend: the printed "
+      "launch and every file it writes")
+def secret_in_cluster_extra(work: Path) -> tuple[str, str]:
+    from mmrl.openrlhf.launch import describe, prepare
+    from mmrl.train import parse_config
+
+    secret = "sk-trial-0123456789abcdef"
+    cfg = parse_config(["--backend", "openrlhf", "--cluster.rehearsal", "true", "--out", str(work / "run"),
+                        "--cluster.extra", json.dumps({"logger.wandb.key": secret})])
+    resolved, owner = prepare(cfg)  # the claim and the files of a launch, without starting Ray
+    owner.lock.release()
+    shown = describe(cfg, resolved)
+    leaked = [str(p.relative_to(work)) for p in (work / "run").rglob("*") if p.is_file() and secret in
+              p.read_text(errors="replace")] + (["the printed launch"] if secret in shown else [])
+    masked = json.loads((work / "run" / "config.json").read_text())["cluster"]["extra"]["logger.wandb.key"]
+    if leaked:
+        return WRONG, f"the secret is in {leaked}"
+    return RIGHT, f"config.json holds {masked!r}; the launch shows it masked"
+
+
+@case("crafted_deepspeed_checkpoint", "--resume on the openrlhf backend (CPU rehearsal) of a run whose DeepSpeed "
+      "checkpoint file runs a command", trains=True)
+def crafted_deepspeed_checkpoint(work: Path) -> tuple[str, str]:
+    import torch
+
+    from mmrl.openrlhf.checkpoint import deepspeed_types
+
+    run, marker = work / "run", work / "MARK"
+    rehearsal = ["-m", "mmrl.train", "--backend", "openrlhf", "--cluster.rehearsal", "true", "--out", str(run),
+                 "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens",
+                 "8", "--run.eval_samples", "1", "--model.threads", "1"]
+    code, _, err = command(*rehearsal, "--algo", "gpg", "--task", "arithmetic", "--steps", "1", timeout=900)
+    if code != 0:
+        return CRASH, f"the first run: exit {code}: {err.strip().splitlines()[-1][:120]}"
+    [target] = (run / "checkpoints" / "_actor").glob("global_step1/mp_rank_00_model_states.pt")
+    with torch.serialization.safe_globals(deepspeed_types()):
+        content = torch.load(target, weights_only=True)
+    content["note"] = RunsCode(marker)
+    torch.save(content, target)
+    code, _, err = command(*rehearsal, "--resume", "--steps", "2", timeout=900)
+    return ran_or(marker, refused(code, err, expect="nothing in it was run"))
+
+
 # --------------------------------------------------------------------------- the earlier reliability cases
 
 
@@ -318,7 +528,7 @@ def main() -> None:
             outcome, detail = CRASH, f"{type(exc).__name__}: {exc}"[:200]
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        detail = detail.replace(str(work), "<tmp>")
+        detail = detail.replace(str(work), "<tmp>")[:200]  # the case folder, named before the cut
         results.append({"case": c.name, "what": c.what, "outcome": outcome, "detail": detail,
                         "seconds": round(time.perf_counter() - start, 1)})
         print(f"{c.name:24} {outcome:15} {detail}", flush=True)

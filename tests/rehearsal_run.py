@@ -13,30 +13,41 @@ import threading
 from pathlib import Path
 
 import torch
-from listeners import exposed
+from listeners import is_loopback, listeners
 
 import mmrl.algos as algos
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Processes whose listeners the check must have seen during every run (their command lines): the module's Ray (GCS,
+# raylet with its object manager, the dashboard agent), the run's driver, its policy actors (which also host
+# DeepSpeed's rendezvous store, the gloo sockets of their process group and the weight-sync store) and its rollout
+# actors (the other end of the weight sync).
+MUST_SEE = ("gcs_server", "raylet", "DashboardAgent", "mmrl.train", "PolicyModelActor", "RolloutActor")
+
+
 def rehearse(address: str, out: Path, *flags: str) -> subprocess.CompletedProcess:
     """Run the rehearsal; while it runs, every listener of this process's tree (the module's Ray, the run's driver,
-    its actors and their torch-distributed stores) must be on loopback (tests/listeners.py)."""
+    its actors and their torch-distributed stores and gloo sockets) must be on loopback (tests/listeners.py), and the
+    tree walk must have reached each process of :data:`MUST_SEE`."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "mmrl.train", "--backend", "openrlhf", "--cluster.rehearsal", "true",
            "--cluster.ray_address", address, "--out", str(out), *flags]
-    exposed_seen: set[str] = set()
+    seen: set[tuple[str, str, int]] = set()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         outputs: list[str] = []
         reader = threading.Thread(target=lambda: outputs.extend(proc.communicate(timeout=900)))
         reader.start()
         while reader.is_alive():
-            exposed_seen.update(exposed())
+            seen.update((command, address, port) for _, command, address, port in listeners())
             reader.join(timeout=1.0)
     done = subprocess.CompletedProcess(cmd, proc.returncode, *outputs)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    assert not exposed_seen, "listening beyond loopback:\n" + "\n".join(sorted(exposed_seen))
+    exposed = sorted(f"{a}:{p} ({c})" for c, a, p in seen if not is_loopback(a))
+    assert not exposed, "listening beyond loopback:\n" + "\n".join(exposed)
+    missed = [name for name in MUST_SEE if not any(name in c for c, _, _ in seen)]
+    assert not missed, f"no listener of {missed} was seen; seen: {sorted({c for c, _, _ in seen})}"
     return done
 
 

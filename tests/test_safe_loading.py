@@ -131,3 +131,44 @@ def test_every_torch_load_in_the_repository_is_weights_only():
                        if not re.search(r"weights_only\s*=\s*True", call)]
     assert found, "the scan found no torch.load at all: it is not looking where the code is"
     assert not unsafe, unsafe
+
+
+def test_a_deepspeed_checkpoint_is_read_weights_only_and_a_crafted_one_runs_nothing(tmp_path):
+    """The openrlhf backend's ``--resume``: a real ZeRO-2 bf16 checkpoint, written and read back through mmrl's
+    strategy (tests/deepspeed_checkpoint.py, in a process of its own), and copies with code put into one file each.
+    DeepSpeed's own loader runs that code (so the crafted files are live); mmrl's load refuses them in one line."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "deepspeed_checkpoint.py"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["restored"] == {"client_state": 1, "weights": True, "exp_avg": True}
+    assert report["fp16_scaler"]  # the loss scaler of an fp16 run reads back too
+    for kind, name in (("model", "mp_rank_00_model_states.pt"),
+                       ("optimizer", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")):
+        outcome = report[kind]
+        assert outcome["deepspeed_ran_code"], outcome  # after mmrl's refusal: torch.load is unrestricted again
+        assert not outcome["mmrl_ran_code"], outcome
+        line = outcome["mmrl"]
+        assert "\n" not in line and "nothing in it was run" in line, line
+        assert line.startswith(str(tmp_path / f"crafted_{kind}" / "global_step1" / name)), line
+
+
+def test_a_user_error_inside_a_ray_actor_reaches_the_user_as_its_one_line():
+    from openrlhf_stubs import openrlhf_importable
+    from ray.exceptions import RayTaskError
+
+    from mmrl.errors import UserError
+
+    with openrlhf_importable():
+        from mmrl.openrlhf.driver import actor_errors
+    inner = RayTaskError("init_model_from_pretrained", "Traceback (most recent call last):\n  ...",
+                         UserError("checkpoint x: refused")).as_instanceof_cause()
+    outer = RayTaskError("fit", "Traceback (most recent call last):\n  ...", inner).as_instanceof_cause()
+    for raised in (inner, outer):
+        with pytest.raises(UserError) as caught, actor_errors():
+            raise raised
+        assert str(caught.value) == "checkpoint x: refused" and not isinstance(caught.value, RayTaskError)
+    for bug in (RuntimeError("boom"), ValueError("a bug, not bad input")):  # anything else keeps Ray's report
+        with pytest.raises(RayTaskError), actor_errors():
+            raise RayTaskError("fit", "Traceback ...", bug).as_instanceof_cause()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,22 @@ def create_engines(args, pg):
         args.data.max_len, shared, args.vllm.gpu_memory_utilization, args.vllm.enable_sleep, None,
         agent_func_path=args.train.agent_func_path, remote_rm_url=args.reward.remote_url,
         max_images_per_prompt=args.data.max_images_per_prompt)
+
+
+@contextmanager
+def actor_errors() -> Iterator[None]:
+    """A UserError raised inside an actor (bad input met where a rank reads it: a refused checkpoint, a dataset row)
+    reaches the user as its own one line, not as Ray's wrapper around the actor's traceback; any other error keeps
+    Ray's report with the actor's traceback (a bug there must stay visible)."""
+    try:
+        yield
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause
+        while isinstance(cause, ray.exceptions.RayTaskError):  # an actor that called another actor
+            cause = cause.cause
+        if isinstance(cause, UserError):
+            raise UserError(str(cause)) from None
+        raise
 
 
 def run(args, ray_address: str = "", rehearsal_mode: bool = False,

@@ -343,8 +343,9 @@ def _start(cfg: TrainConfig, resolved: Launch) -> None:
         from mmrl.openrlhf.rehearsal import install_stand_ins
 
         install_stand_ins()
-    from mmrl.openrlhf.driver import run
+    from mmrl.openrlhf.driver import actor_errors, run
 
-    run(resolved.args, cfg.cluster.ray_address, cfg.cluster.rehearsal, cfg.cluster.placement_timeout,
-        cfg.cluster.dashboard)
+    with actor_errors():
+        run(resolved.args, cfg.cluster.ray_address, cfg.cluster.rehearsal, cfg.cluster.placement_timeout,
+            cfg.cluster.dashboard)
     print(f"run directory: {out} (model/, checkpoints/" + (", tensorboard/" if cfg.run.tensorboard else "") + ")")

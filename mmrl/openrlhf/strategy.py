@@ -11,6 +11,8 @@ Changes happen before DeepSpeed builds the optimizer, which is the only point wh
 Before DeepSpeed joins its process group, rank 0 hosts the group's rendezvous store on ``MASTER_ADDR`` only
 (:func:`host_rendezvous_store`): torch's own store would listen on every interface of the machine.
 
+A checkpoint (``--resume``) is read weights-only (:mod:`mmrl.openrlhf.checkpoint`): DeepSpeed's own loader unpickles.
+
 The strategy object is created on the driver and pickled into every Ray actor, so these apply on every rank.
 """
 
@@ -27,6 +29,7 @@ from openrlhf.utils.deepspeed import DeepspeedStrategy
 
 from mmrl import moe
 from mmrl.errors import UserError
+from mmrl.openrlhf.checkpoint import checkpoint_folder, weights_only_loading
 from mmrl.openrlhf.network import bound_listener
 
 # torch's contract for a store someone else hosts: with it, the env:// rendezvous at MASTER_ADDR:MASTER_PORT makes
@@ -74,6 +77,10 @@ class MmrlDeepspeedStrategy(DeepspeedStrategy):
         spec = getattr(self.args, "mmrl", None) or {}
         prepare_policy(model.model if isinstance(model, Actor) else model, bool(spec.get("freeze_router")))
         return super()._ds_init_train_model(model, cfg)
+
+    def load_ckpt(self, model, load_dir, tag=None, **kwargs):
+        with weights_only_loading(checkpoint_folder(load_dir, tag)):
+            return super().load_ckpt(model, load_dir, tag, **kwargs)
 
     def get_ds_train_config(self, optim_dict: dict | None = None, *, max_norm: float | None = None):
         if optim_dict is not None and not torch.cuda.is_available():
