@@ -66,12 +66,17 @@ def section(name: str, summary: dict[str, Any]) -> str:
              + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", ""]
     if summary.get("notes"):
         lines += [summary["notes"], ""]
-    lines += ["| claim | metric | mean | SE | range | n | per seed |", "|---|---|---|---|---|---|---|"]
+    if summary["rows"]:
+        lines += ["| claim | metric | mean | SE | range | n | per seed |", "|---|---|---|---|---|---|---|"]
     for row in summary["rows"]:
         unit = row.get("unit", "")
         per_seed = ", ".join(f"{k}: {number(v)}" for k, v in row["values"].items())
         lines.append(f"| {row['label']} | {row['metric']} | {number(row['mean'], unit)} | {number(row['se'])} | "
                      f"{number(row['min'])} … {number(row['max'])} | {row['n']} | {per_seed} |")
+    if summary.get("cases"):
+        lines += ["", "| case | what | outcome |", "|---|---|---|"]
+        lines += [f"| {c['case']} | {c['what']} | {c['outcome']}: {c.get('detail', '')} |".replace("\n", " ")
+                  for c in summary["cases"]]
     if summary.get("figure"):
         lines += ["", f"![{summary['title']}]({Path(summary['figure']).relative_to('docs').as_posix()})"
                   if summary["figure"].startswith("docs/") else f"Figure: `{summary['figure']}`"]

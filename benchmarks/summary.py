@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -61,7 +62,7 @@ def versions() -> dict[str, str]:
 
 def result_row(label: str, metric: str, values: dict[Any, float], unit: str = "", **tags: Any) -> dict[str, Any]:
     """One claim: ``values`` per seed (or per repeat); its mean, standard error (n - 1) and range are derived here.
-    ``tags`` say what was measured in fields a program can match (task, algo, metric key, steps): `mmrl.expect`
+    ``tags`` say what was measured in fields a program can match (task, options, algo, key, steps): `mmrl.expect`
     reads them to set a user's run beside the published figure."""
     if not values:
         raise ValueError(f"result row {label!r}: no values")
@@ -85,13 +86,29 @@ def command_line(argv: list[str] | None = None) -> str:
     return shlex.join(["python", str(script), *argv[1:]])
 
 
+def publish_figure(out: Path, png: Path) -> str | None:
+    """Copy a benchmark's PNG to ``docs/img/<out name>.png`` when its summary is one of the repository's own
+    (``out`` inside benchmarks/results/), and return that path for the summary; elsewhere leave the docs alone."""
+    root = Path(__file__).resolve().parent.parent
+    if Path(out).resolve().parent != root / "benchmarks" / "results" or not Path(png).is_file():
+        return None
+    target = root / "docs" / "img" / f"{Path(out).name}.png"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(png, target)
+    return target.relative_to(root).as_posix()
+
+
 def write_summary(out: Path, title: str, rows: list[dict[str, Any]], *, seeds: list[int], notes: str = "",
-                  figure: str | None = None, command: str | None = None) -> Path:
-    """Write ``<out>.json`` (see the module docstring) and return its path."""
+                  figure: str | None = None, command: str | None = None,
+                  cases: list[dict[str, str]] | None = None) -> Path:
+    """Write ``<out>.json`` (see the module docstring) and return its path. ``cases``: a table of named cases and
+    their outcomes (``case``, ``what``, ``outcome``, ``detail``), for checks that are not measurements."""
     out = Path(out)
     summary = {"schema": SCHEMA, "name": out.name, "title": title, "command": command or command_line(),
                "date": datetime.date.today().isoformat(), "machine": machine(), "versions": versions(),
                "seeds": list(seeds), "rows": rows, "notes": notes, "figure": figure}
+    if cases:
+        summary["cases"] = cases
     text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
     if len(text.encode()) > MAX_BYTES:
         raise ValueError(f"summary {out}.json would be {len(text.encode())} bytes; keep per-step data in {out}/")

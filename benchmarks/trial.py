@@ -31,6 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # the repository, not this folder, first on the path: benchmarks/alfworld.py would shadow the alfworld package
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.append(str(Path(__file__).resolve().parent))  # behind the packages: for summary only
+from summary import result_row, write_summary  # noqa: E402
 
 CLEAR, RIGHT, CRASH, WRONG, LOST, RAN_CODE = ("clear error", "right result", "crash", "silently wrong", "data lost",
                                              "ran code")
@@ -514,7 +516,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated case names")
     parser.add_argument("--skip-runs", action="store_true", help="leave out the cases that train the tiny model")
-    parser.add_argument("--out", default="benchmarks/results/trial.json")
+    parser.add_argument("--out", default="benchmarks/results/trial",
+                        help="writes <out>.json, the summary docs/results.md is rendered from")
     args = parser.parse_args()
     chosen = [c for c in CASES if (not args.only or c.name in args.only.split(","))
               and not (args.skip_runs and c.trains)]
@@ -539,10 +542,11 @@ def main() -> None:
         print(f"| {r['case']} | {r['what']} | {r['outcome']}: {r['detail'].replace('|', '/')} |")
     print(f"\n{len(results)} cases in {total} s: " + ", ".join(f"{n} {k}" for k, n in counts.most_common())
           + f" (load average {os.getloadavg()[0]:.1f})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"seconds": total, "outcomes": dict(counts), "cases": results}, indent=1))
-    print(f"wrote {out}")
+    rows = [result_row("trial", f"cases with outcome '{k}'", {"count": n}) for k, n in counts.most_common()]
+    write_summary(Path(args.out), "Trial: hostile and broken inputs, and what mmrl did with each", rows, seeds=[],
+                  cases=[{**r, "detail": r["detail"].replace("|", "/")} for r in results],
+                  notes=f"{len(results)} cases in {total} s. An outcome other than a clear error or the right result "
+                        "(a crash, a silently wrong result, data lost, code run) fails the trial.")
     bad = counts[CRASH] + counts[WRONG] + counts[LOST] + counts[RAN_CODE]
     sys.exit(1 if bad else 0)
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 from common import QUIET, pyplot
-from summary import result_row, write_summary
+from summary import publish_figure, result_row, write_summary
 
 from mmrl.tasks.grounding import GROUNDING_DEFAULTS
 from mmrl.trainer.config import resolve_config
@@ -123,7 +123,6 @@ def summarise(out: Path) -> None:
     (out / "table.md").write_text(table + "\n")
     (out / "vision.json").write_text(json.dumps({"torch": torch.__version__, "machine": platform.machine(),
                                                  "runs": runs}, indent=1))
-    write_vision_summary(out, runs, groups)
     plt = pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in runs))
     # the two headline metrics of each task (pass@1 and pass@4; mIoU and Acc@0.5), one row each
@@ -139,10 +138,11 @@ def summarise(out: Path) -> None:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("RL on the embedded tiny Qwen-VL defaults (mean over seeds)")
+    fig.suptitle("RL on the shipped Qwen-VL defaults (mean over seeds)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "vision.png", dpi=90)
     print(f"wrote {out / 'table.md'}, {out / 'vision.json'} and {out / 'vision.png'}")
+    write_vision_summary(out, runs, groups)
 
 
 def write_vision_summary(out: Path, runs: list[dict], groups: dict[tuple[str, str], list[dict]]) -> None:
@@ -155,7 +155,7 @@ def write_vision_summary(out: Path, runs: list[dict], groups: dict[tuple[str, st
             if done:
                 steps = done[0]["steps"]
                 options = {f.split(".", 1)[1]: v for f, v in TASKS[task][1].items() if f.startswith("task.")}
-                tags = {"task": TASKS[task][0], "options": options, "algo": algo, "metric": f"eval/{k}",
+                tags = {"task": TASKS[task][0], "options": options, "algo": algo, "key": f"eval/{k}",
                         "steps": steps}
                 rows.append(result_row(f"{task} {algo}", f"held-out {k} at step 0",
                                        {r["seed"]: r["start"][k] for r in done}, kind="start", **tags))
@@ -167,6 +167,7 @@ def write_vision_summary(out: Path, runs: list[dict], groups: dict[tuple[str, st
                f"--algos {','.join(sorted({r['algo'] for r in runs}))} --seeds {','.join(map(str, seeds))} "
                f"--threads 1 --out {out}" + "".join(f" --lr {lr}" for lr in lr_flags if lr))
     write_summary(out, "Vision RL on the shipped embedded Qwen-VL defaults", rows, seeds=seeds, command=command,
+                  figure=publish_figure(out, out / "vision.png"),
                   notes="Held-out evaluation on diagrams and scenes never trained on; the rise is end minus start "
                         "of each seed's own run.")
 

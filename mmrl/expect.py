@@ -58,7 +58,7 @@ def report(run_dir: Path, weights_dir: Path = WEIGHTS_DIR) -> list[str]:
     got = held_out(run_dir)
     lines = []
     for summary, row in rows:
-        key, kind = row["tags"]["metric"], row["tags"].get("kind")
+        key, kind = row["tags"]["key"], row["tags"].get("kind")
         if key not in got:
             continue
         first, last = got[key]

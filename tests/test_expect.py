@@ -23,7 +23,7 @@ def write_run(run, steps=40, algo="gpg", options=None):
 
 
 def summary_file(tmp_path):
-    tags = {"task": "geoqa", "options": {}, "algo": "gpg", "metric": "eval/pass@1", "steps": 40}
+    tags = {"task": "geoqa", "options": {}, "algo": "gpg", "key": "eval/pass@1", "steps": 40}
     rise = {"label": "geoqa gpg", "metric": "held-out pass@1 rise by step 40", "unit": "", "n": 3, "mean": 0.16,
             "se": 0.02, "min": 0.12, "max": 0.2, "values": {"0": 0.12, "1": 0.16, "2": 0.2},
             "tags": {**tags, "kind": "rise"}}

@@ -137,7 +137,7 @@ def record_expectation(name: str, summary_path: Path, weights_dir: Path = WEIGHT
         raise UserError(f"--expect: cannot read {summary_path}: {exc}") from None
     rows = [row for row in summary.get("rows", []) if row.get("tags")] if isinstance(summary, dict) else []
     if not rows:
-        raise UserError(f"--expect: {summary_path} has no tagged rows (task, algo, metric, steps) to compare with")
+        raise UserError(f"--expect: {summary_path} has no tagged rows (task, algo, key, steps) to compare with")
     manifest = read_manifest(weights_dir)
     if name not in manifest["models"]:
         raise UserError(f"model: {name} is not shipped; add it with --from DIR first")
