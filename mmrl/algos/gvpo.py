@@ -30,6 +30,8 @@ Choices, written down:
   objective; the loss refuses a batch whose advantages do not sum to zero per group, which is how a split group shows.
 * No std normalisation (footnote 2 of §3.5), no importance ratio, no clip, no reference model: the KL constraint to
   π_θ' is in the weights themselves.
+* Not in the agent turn layout (``trains_turns = False``): Eq. 8's weights compare log π(y_i|x) of responses to one
+  prompt x, and the turns of a group answer different prompts (each has its own history window).
 * Off-policy π_s (Theorem 3.2, Fig. 4): the trainer's ``rollout.replay_historical`` mixes historical responses of the
   same prompt into a group; their π_θ' log-probs are recomputed with the current policy at the start of the step.
 """
@@ -74,6 +76,7 @@ class GVPO(Algorithm):
 
     replays_history = True  # exact off-policy (Theorem 3.2): rollout.replay_historical may mix in older responses
     needs_whole_groups = True  # the weights sum to zero per group (footnote 3 of §A.2)
+    trains_turns = False  # a group's responses must answer one prompt x; the turns of a group do not
 
     def validate(self) -> None:
         if self.beta <= 0:

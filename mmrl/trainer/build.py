@@ -56,7 +56,11 @@ def response_budget(cfg: TrainConfig, multi_turn: bool) -> int:
 def build_algorithm(cfg: TrainConfig, multi_turn: bool) -> algos.Algorithm:
     """The objective of ``cfg`` for a task of this kind (``task.multi_turn``), as every backend trains it: its
     hyper-parameters, and its constant length normaliser (Dr.GRPO's) set from the task's response budget."""
-    return algos.get(cfg.algo.name, **cfg.algo.params).with_length_budget(response_budget(cfg, multi_turn))
+    algo = algos.get(cfg.algo.name, **cfg.algo.params).with_length_budget(response_budget(cfg, multi_turn))
+    if multi_turn and algo.needs_steps:
+        raise ValueError(f"config: --algo {algo.name} needs the per-step rewards and observations of each turn, "
+                         f"which a whole-episode response does not have")
+    return algo
 
 
 def reference_needed(algo: algos.Algorithm, cfg: TrainConfig) -> bool:
