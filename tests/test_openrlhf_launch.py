@@ -279,3 +279,12 @@ def test_completion_text_of_a_vision_prompt(tmp_path):
     query = processor.tokenizer.decode(list(prompt_ids) + response_ids, skip_special_tokens=False)
     assert prompt.count("<|image_pad|>") == 1 and query.count("<|image_pad|>") > 1
     assert completion_text(query, prompt, _special_tokens(path)) == response
+
+
+@pytest.mark.parametrize("coef", [0.0, 0.001])
+def test_the_entropy_bonus_reaches_openrlhfs_training_step(coef, tmp_path, embedded_model_dir):
+    """``--algo.entropy_coef`` turns on OpenRLHF's own entropy term (``--actor.entropy_coef``); 0 leaves it off."""
+    cfg = parse_config(["--backend", "openrlhf", "--algo", "gmpo", "--algo.entropy_coef", str(coef), "--out",
+                        str(tmp_path / "run"), *SMALL_CLUSTER])
+    args = resolve_launch(cfg, write=False).args
+    assert args.actor.entropy_coef == (coef or None) and args.mmrl["params"]["entropy_coef"] == coef

@@ -158,7 +158,13 @@ class Algorithm(abc.ABC):
     #: turns of one group have different prompts, cannot give (a run refuses that combination at start).
     trains_turns: ClassVar[bool] = True
 
+    #: Weight of an entropy bonus, -entropy_coef × the policy's mean token entropy, added by the trainer to every
+    #: objective's loss (verl's ``entropy_coeff``; verl-agent's GiGPO/GMPO agent runs use 0.001). 0: none.
+    entropy_coef: float = 0.0
+
     def __post_init__(self) -> None:
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
         self.validate()
 
     def validate(self) -> None:  # noqa: B027 -- optional hook; most objectives have parameters to check
@@ -207,6 +213,18 @@ class Algorithm(abc.ABC):
         accumulated gradient exactly that of the whole mini-batch; a distributed backend does the same across ranks.
         """
         return float(mask.shape[0])
+
+    def token_average(self, values: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+        """A per-token quantity ``[N, T]`` averaged as this objective averages its loss: each response's token mean,
+        summed, over :meth:`loss_mass`. Objectives with another average override it, so that gradient accumulation
+        (micro-batch weights ``mass / total``) keeps a term averaged this way exact, like the loss itself."""
+        mass = self.loss_mass(mask, group_ids)
+        return masked_mean(values, mask, dim=1).sum() / max(mass, 1.0)
+
+    def entropy_bonus(self, entropy: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+        """The term a trainer adds to :meth:`policy_loss`: -entropy_coef × the policy's token entropy ``[N, T]``
+        (differentiable), averaged by :meth:`token_average`."""
+        return -self.entropy_coef * self.token_average(entropy, mask.to(entropy.dtype), group_ids)
 
     @abc.abstractmethod
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,

@@ -52,6 +52,7 @@ from mmrl.algos.base import (
     group_index,
     group_mean_std,
     group_sum,
+    masked_mean,
     policy_drift_metrics,
     register,
 )
@@ -96,6 +97,15 @@ class GVPO(Algorithm):
     def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
         _, counts = torch.unique(group_ids, return_counts=True)
         return float((counts > 1).sum())  # mean over groups that have at least two responses
+
+    def token_average(self, values: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+        """Each group's mean of its responses' token means, averaged over the groups that train (the loss's mass)."""
+        dense, n_groups = group_index(group_ids)
+        per_row = masked_mean(values, mask, dim=1)
+        size = group_sum(torch.ones_like(per_row), dense, n_groups)
+        per_group = group_sum(per_row, dense, n_groups) / size.clamp(min=1)
+        trainable = size > 1
+        return (per_group * trainable).sum() / trainable.sum().clamp(min=1)
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     group_ids: Tensor, ref_logprobs: Tensor | None = None,

@@ -302,7 +302,8 @@ class Trainer:
                                 capture_logits=c.aux_loss_coef > 0 or c.z_loss_coef > 0)
         with hooks.active():
             logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature,
-                                                  with_entropy=True, rows=rows)
+                                                  with_entropy=True, rows=rows,
+                                                  entropy_grad=self.algo.entropy_coef > 0)
         mask = sub.attention_mask
         natural = hooks.natural if c.routing_replay else hooks.routing
         extra_loss = torch.zeros((), device=logprobs.device)
@@ -366,12 +367,17 @@ class Trainer:
                         else:
                             logprobs, entropy = response_logprobs(self.model, batch, temperature,
                                                                   with_entropy=True, rows=rows,
-                                                                  row_by_row_min_width=self.row_by_row_min_width)
+                                                                  row_by_row_min_width=self.row_by_row_min_width,
+                                                                  entropy_grad=self.algo.entropy_coef > 0)
                     old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
                     loss, metrics = self.algo.policy_loss(
                         logprobs=logprobs, old_logprobs=old, advantages=sub.advantages,
                         mask=sub.response_mask, group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs, stats=stats)
                     metrics = {**metrics, **router_metrics}
+                    if self.algo.entropy_coef > 0:  # every objective: -coef × entropy, averaged as its loss
+                        bonus = self.algo.entropy_bonus(entropy, sub.response_mask.to(entropy.device), sub.group_ids)
+                        loss = loss + bonus
+                        metrics["entropy_bonus"] = float(bonus.detach())
                     if not (torch.isfinite(loss) and torch.isfinite(torch.as_tensor(router_loss))):
                         finite = False  # NaN/inf never reaches the optimizer
                         break
@@ -379,7 +385,7 @@ class Trainer:
                     # The policy loss is weighted by the objective's loss mass, router losses by tokens' rows.
                     (loss * share + router_loss * (len(rows) / n_rows)).backward()
                     mask = sub.response_mask
-                    token_entropy = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+                    token_entropy = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
                     step_metrics.update({k: v * share for k, v in metrics.items()})
                     step_metrics.update({"loss": float(loss.detach()) * share, "entropy": token_entropy * share})
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip) if finite else torch.tensor(0.0)
