@@ -13,7 +13,9 @@ Rules every env keeps:
 - ``step`` never raises for bad model output: it returns a penalty and a reason in ``info``.
 - An env that breaks (engine crash, timeout) raises :class:`EnvError`; whoever drives it ends that episode as
   failed and keeps the run going.
-- ``info`` carries at least ``won`` (bool) once ``done``; envs with task families add ``task_type``.
+- ``info`` carries at least ``won`` (bool) once ``done``; envs with task families add ``task_type``. An env may add
+  ``anchor``: the state the next action is taken in, as text without history or instructions (GiGPO groups the
+  turns of a group by it; the observation text stands in when absent).
 """
 
 from __future__ import annotations

@@ -136,6 +136,9 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     validate(cfg)
     task = build_task(cfg)
     algo = build_algorithm(cfg, task.multi_turn)  # a bad name or hyper-parameter fails here, on the driver
+    if cfg.rollout.agent_layout != "episode":
+        raise ValueError("config: rollout.agent_layout turn runs on the local backend; the openrlhf backend trains "
+                         "agent episodes in the episode layout")
     spec = algorithm_spec(cfg, algo)
     check_layout(cfg, algo)
     out = cfg.out_dir.resolve()

@@ -80,6 +80,9 @@ class RolloutConfig:
     env_workers: int = 0  # multi-turn: 0 = envs in this process; N = an EnvPool of N worker processes (isolation)
     episode_kv_cache: bool = True  # multi-turn: keep each episode's KV cache across turns (False: re-read each turn)
     env_step_timeout: float = 120.0  # seconds an env step may take in the pool before its worker counts as hung
+    # Multi-turn: "episode" = one growing sequence per episode, env tokens masked (OpenRLHF's layout); "turn" = every
+    # env step is its own sample, prompted with the task, the last turns and the state (verl-agent's layout)
+    agent_layout: str = "episode"
 
 
 @dataclasses.dataclass
@@ -354,6 +357,9 @@ def validate(cfg: TrainConfig) -> None:
         ("rollout.max_episode_tokens", cfg.rollout.max_episode_tokens >= 1, "must be >= 1"),
         ("rollout.env_workers", cfg.rollout.env_workers >= 0, "must be >= 0"),
         ("rollout.env_step_timeout", cfg.rollout.env_step_timeout > 0, "must be > 0"),
+        ("rollout.agent_layout", cfg.rollout.agent_layout in ("episode", "turn"), "must be episode or turn"),
+        ("rollout.agent_layout", cfg.rollout.agent_layout == "episode" or not cfg.rollout.replay_historical,
+         "turn cannot replay historical responses (rollout.replay_historical)"),
         ("optim.lr", cfg.optim.lr > 0, "must be > 0"),
         ("optim.weight_decay", cfg.optim.weight_decay >= 0, "must be >= 0"),
         ("optim.betas", all(0 <= b < 1 for b in cfg.optim.betas), "must both be in [0, 1)"),
