@@ -116,7 +116,7 @@ def test_layout_combinations_fail_at_start_with_one_line():
     assert (turn.max_tokens, whole.max_tokens) == (40, 3072)
 
 
-@pytest.mark.parametrize("name", ["gigpo", "grpo"])
+@pytest.mark.parametrize("name", ["gigpo", pytest.param("grpo", marks=pytest.mark.slow)])
 def test_training_two_steps_in_the_turn_layout(tmp_path, small_config, name):
     cfg = small_config(tmp_path, **{"task.name": "alfworld", "model.name": AGENT, "algo.name": name,
                                     "rollout.agent_layout": "turn", "rollout.prompts_per_step": 2,
@@ -156,5 +156,6 @@ def test_the_sft_warm_up_renders_demonstrations_in_the_turn_layout():
     assert len(responses) >= 2 and [r.step.index for r in responses] == list(range(len(responses)))
     assert "Prior to this step" in tok.decode(responses[1].prompt_ids)
     assert all(r.reward.components["success"] == 1.0 for r in responses)
+    assert demos[0].responses[-1].episode is None and len(responses[-1].token_ids) > 0
     loss = demonstration_loss(load_model(AGENT), demos, tok.pad_token_id)
     assert torch.isfinite(loss) and float(loss) > 0

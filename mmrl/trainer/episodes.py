@@ -275,7 +275,8 @@ async def _step(ep: Episode, turn: Turn, renderer: TurnRenderer, stop_text: str 
         return
     if ep.layout == "turn":  # the next turn reads the env's self-contained observation afresh
         ep.anchor = str(info.get("anchor", result.observation))
-        ep.prompt_ids, ep.token_ids = renderer.prompt_ids(result.observation), []
+        ep.prompt_ids = renderer.prompt_ids(result.observation)
+        ep.token_ids, ep.loss_mask, ep.sampler_logprobs = [], [], []  # only the current turn, as its prompt
         if len(ep.prompt_ids) >= max_tokens:
             ep.end("truncated")
         return
