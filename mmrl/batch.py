@@ -8,6 +8,7 @@ first EOS (env/prompt tokens and padding are 0).
 Multi-turn episodes (mmrl/trainer/episodes.py) are one response row each: the model's action turns and the env's
 feedback turns in one growing sequence after the initial prompt. ``Response.loss_mask`` says which of its tokens are
 the model's own (1, trained) and which are env text (0, context only); `collate` copies it into ``response_mask``.
+In the agent turn layout every env step is a response of its own, with its own prompt (``Response.prompt_ids``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,17 @@ from typing import Any
 import torch
 
 from mmrl.rewards.base import RewardResult
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnStep:
+    """Where a turn-sample of the agent turn layout sits: its episode (unique in the batch), its position there, the
+    env's reward for its action, and the anchor state the action was taken in (GiGPO's step-level groups)."""
+
+    episode: int
+    index: int
+    reward: float
+    anchor: str
 
 
 @dataclasses.dataclass
@@ -31,6 +43,10 @@ class Response:
     loss_mask: list[int] | None = None
     episode: dict[str, Any] | None = None  # multi-turn: the episode's summary (won, task_type, steps, ...)
     logprobs: list[float] | None = None  # the sampler's log-prob per token, when asked for (tests, diagnostics)
+    # The agent turn layout: this turn's own prompt (the task, the history window, the state), which differs from
+    # turn to turn within a group, and where the turn sits in its episode. None: the group's prompt / not a turn.
+    prompt_ids: list[int] | None = None
+    step: TurnStep | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != len(self.token_ids):
@@ -96,7 +112,8 @@ def collate(groups: list[Group], pad_id: int) -> RolloutBatch:
     for gid, group in enumerate(groups):
         for resp in group.responses:
             score = resp.reward.score if resp.reward is not None else 0.0
-            rows.append((group.prompt_ids, resp.token_ids, score, gid))
+            prompt = group.prompt_ids if resp.prompt_ids is None else resp.prompt_ids
+            rows.append((prompt, resp.token_ids, score, gid))
             masks.append(resp.loss_mask)
     if not rows:
         raise ValueError("collate: no responses")

@@ -84,6 +84,8 @@ def test_episode_masks_and_rescoring_equal_the_samplers_turn_logprobs(task, agen
                                   for n in sorted(algos.ALGORITHMS)])
 def test_every_algorithm_trains_two_steps_on_alfworld(tmp_path, small_config, name):
     params = {"algo.valid_threshold": 0.0} if name == "gpg" else {}
+    if algos.ALGORITHMS[name].needs_steps:  # per-step rewards and observations: the turn layout
+        params["rollout.agent_layout"] = "turn"
     trainer = build_trainer(alfworld_config(small_config, tmp_path, **{"algo.name": name, **params}))
     last = trainer.run()
     assert trainer.step == 2

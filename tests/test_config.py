@@ -63,7 +63,7 @@ def test_cli_error_is_one_line_and_exit_code_2():
                           text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["error: unknown algorithm 'ppo'; choose one of: cw_grpo, dr_grpo, "
-                                                "gmpo, gpg, grpo, gvpo"]
+                                                "gigpo, gmpo, gpg, grpo, gvpo"]
 
 
 def test_help_lists_algorithms_and_tasks():

@@ -430,3 +430,12 @@ def test_secret_flags_of_cluster_extra_are_masked_in_the_launch_and_config_json(
     assert "wk-123456" not in saved and json.loads(saved)["cluster"]["extra"]["--logger.wandb.key"] == "***"
     assert [f for f in ("data.input_key", "rollout.max_new_tokens", "ckpt.best_metric_key", "logger.wandb.key",
                         "api_secret", "hub_token") if is_secret(f)] == ["logger.wandb.key", "api_secret", "hub_token"]
+
+
+@pytest.mark.parametrize("coef", [0.0, 0.001])
+def test_the_entropy_bonus_reaches_openrlhfs_training_step(coef, tmp_path, embedded_model_dir):
+    """``--algo.entropy_coef`` turns on OpenRLHF's own entropy term (``--actor.entropy_coef``); 0 leaves it off."""
+    cfg = parse_config(["--backend", "openrlhf", "--algo", "gmpo", "--algo.entropy_coef", str(coef), "--out",
+                        str(tmp_path / "run"), *SMALL_CLUSTER])
+    args = resolve_launch(cfg, write=False).args
+    assert args.actor.entropy_coef == (coef or None) and args.mmrl["params"]["entropy_coef"] == coef

@@ -6,6 +6,10 @@ Everything here is pure torch on tensors. Shapes used throughout:
 * ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``mask``: ``[N, T]`` per response token;
   ``mask`` is 1 on tokens that train (the response's action tokens) and 0 on padding.
 
+Agent rollouts in the turn layout (``rollout.agent_layout turn``) make every env step its own response: ``rewards``
+is then the episode's return on each of its turns, and :class:`TurnSteps` says which episode and step each row is,
+the step's own reward and the state the action was taken in.
+
 An algorithm never sees a model, a tokenizer or a task.
 """
 
@@ -79,6 +83,38 @@ class Resampling:
 
 
 @dataclasses.dataclass(frozen=True)
+class TurnSteps:
+    """What an agent rollout in the turn layout knows about each row beyond its reward and group, row-aligned:
+
+    * ``episode_ids`` ``[N]``: the episode (trajectory) the row's turn belongs to, unique within the batch;
+    * ``step_index`` ``[N]``: the turn's position in its episode, 0 for the first;
+    * ``step_rewards`` ``[N]``: the env's reward for the row's action alone;
+    * ``anchors``: the state the action was taken in, as the env's text without history or instructions.
+    """
+
+    episode_ids: Tensor
+    step_index: Tensor
+    step_rewards: Tensor
+    anchors: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        n = self.episode_ids.shape[0]
+        if (self.episode_ids.dim() != 1 or self.step_index.shape != (n,) or self.step_rewards.shape != (n,)
+                or len(self.anchors) != n):
+            raise ValueError(f"TurnSteps: episode_ids, step_index, step_rewards and anchors must all have {n} rows")
+        if not torch.isfinite(self.step_rewards).all():
+            raise ValueError("TurnSteps: step rewards contain NaN or inf")
+
+    def episode_rows(self) -> tuple[Tensor, Tensor]:
+        """(one row index per episode ``[E]``, each row's episode as a dense index 0..E-1 ``[N]``)."""
+        _, dense = torch.unique(self.episode_ids, return_inverse=True)
+        first = torch.full((int(dense.max()) + 1 if dense.numel() else 0,), self.episode_ids.numel(),
+                           dtype=torch.long)
+        first = first.scatter_reduce(0, dense, torch.arange(dense.numel()), reduce="amin")
+        return first, dense
+
+
+@dataclasses.dataclass(frozen=True)
 class Algorithm(abc.ABC):
     """The contract every objective implements.
 
@@ -89,11 +125,14 @@ class Algorithm(abc.ABC):
     * :attr:`replays_history`: responses of older policies may be mixed into a group (``rollout.replay_historical``);
     * :attr:`needs_whole_groups`: every response of a group must be in the same micro-batch;
     * :meth:`resampling`: the rule for topping up a batch with too few valid groups;
-    * :meth:`with_length_budget`: the objective with its constant length normaliser set from the task's budget.
+    * :meth:`with_length_budget`: the objective with its constant length normaliser set from the task's budget;
+    * :attr:`needs_steps`: per-step rewards and observations of agent episodes (the turn layout's :class:`TurnSteps`);
+    * :attr:`trains_turns`: whether it can train agent episodes in the turn layout at all.
 
     Then, on tensors:
 
-    * :meth:`advantages` runs once per rollout batch on the whole batch.
+    * :meth:`advantages` runs once per rollout batch on the whole batch; in the turn layout
+      :meth:`turn_advantages` runs instead (by default: each turn carries its episode's advantage).
     * :meth:`batch_stats` runs once per rollout batch on the whole batch and returns statistics that the loss
       needs from the *whole* batch (or whole groups) rather than from one mini-batch (GPG's alpha, CW-GRPO's
       covariance moments): each a number, or a ``[N]`` tensor with one value per response of the batch (a row
@@ -115,8 +154,20 @@ class Algorithm(abc.ABC):
     #: skip the separate π_old forward, pass ``old_logprobs=None`` here and give :meth:`policy_loss` the update's own
     #: detached log-probs as π_old (equal to a separate forward's at that single update, up to rounding).
     batch_stats_reads_old_logprobs: ClassVar[bool] = False
+    #: True when :meth:`turn_advantages` reads :class:`TurnSteps` (per-step rewards and observations): a multi-turn
+    #: task must then be played in the turn layout, where every env step is its own response.
+    needs_steps: ClassVar[bool] = False
+    #: False when the objective's loss needs whole responses of one prompt in a group, which the turn layout, whose
+    #: turns of one group have different prompts, cannot give (a run refuses that combination at start).
+    trains_turns: ClassVar[bool] = True
+
+    #: Weight of an entropy bonus, -entropy_coef × the policy's mean token entropy, added by the trainer to every
+    #: objective's loss (verl's ``entropy_coeff``; verl-agent's GiGPO/GMPO agent runs use 0.001). 0: none.
+    entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.entropy_coef < 0:
+            raise UserError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
         self.validate()
 
     def validate(self) -> None:  # noqa: B027 -- optional hook; most objectives have parameters to check
@@ -151,6 +202,17 @@ class Algorithm(abc.ABC):
             ``[N]`` float32 advantages.
         """
 
+    def turn_advantages(self, rewards: Tensor, group_ids: Tensor, steps: TurnSteps) -> Tensor:
+        """One advantage per turn-sample ``[N]`` (the turn layout). By default each turn carries its episode's
+        advantage: :meth:`advantages` over the group's episodes (one value each, so long episodes do not weigh more
+        in the group statistics), given to every turn of the episode. ``rewards`` is the episode's return on each of
+        its turns."""
+        check_batch(rewards, group_ids)
+        first, dense = steps.episode_rows()
+        if not (rewards == rewards[first][dense]).all() or not (group_ids == group_ids[first][dense]).all():
+            raise ValueError("turn layout: the turns of an episode must all carry the episode's return and group")
+        return self.advantages(rewards[first], group_ids[first])[dense]
+
     def batch_stats(self, rewards: Tensor, group_ids: Tensor, advantages: Tensor, old_logprobs: Tensor | None,
                     mask: Tensor) -> dict[str, Any]:
         """Statistics :meth:`policy_loss` needs from the whole rollout batch, computed once per batch.
@@ -174,6 +236,18 @@ class Algorithm(abc.ABC):
         accumulated gradient exactly that of the whole mini-batch; a distributed backend does the same across ranks.
         """
         return float(mask.shape[0])
+
+    def token_average(self, values: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+        """A per-token quantity ``[N, T]`` averaged as this objective averages its loss: each response's token mean,
+        summed, over :meth:`loss_mass`. Objectives with another average override it, so that gradient accumulation
+        (micro-batch weights ``mass / total``) keeps a term averaged this way exact, like the loss itself."""
+        mass = self.loss_mass(mask, group_ids)
+        return masked_mean(values, mask, dim=1).sum() / max(mass, 1.0)
+
+    def entropy_bonus(self, entropy: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+        """The term a trainer adds to :meth:`policy_loss`: -entropy_coef × the policy's token entropy ``[N, T]``
+        (differentiable), averaged by :meth:`token_average`."""
+        return -self.entropy_coef * self.token_average(entropy, mask.to(entropy.dtype), group_ids)
 
     @abc.abstractmethod
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,

@@ -116,6 +116,9 @@ class GPG(Algorithm):
     def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
         return float(mask.sum()) if self.loss_agg == "token_mean" else float(mask.shape[0])
 
+    def token_average(self, values: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+        return aggregate(values, mask, self.loss_agg, max_tokens=self.max_tokens)
+
     def batch_stats(self, rewards: Tensor, group_ids: Tensor, advantages: Tensor, old_logprobs: Tensor,
                     mask: Tensor) -> dict[str, Any]:
         alpha, valid = gpg_alpha(rewards, group_ids)

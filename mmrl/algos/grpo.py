@@ -105,6 +105,9 @@ class GRPO(Algorithm):
     def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
         return float(mask.sum()) if self.loss_agg == "token_mean" else float(mask.shape[0])
 
+    def token_average(self, values: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+        return aggregate(values, mask, self.loss_agg, max_tokens=self.max_tokens)
+
     def token_advantages(self, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor,
                          group_ids: Tensor, stats: dict[str, Any] | None) -> tuple[Tensor, Metrics]:
         """Per-token advantage; CW-GRPO overrides this to reweight tokens."""

@@ -33,6 +33,8 @@ Choices, written down:
   objective; the loss refuses a batch whose advantages do not sum to zero per group, which is how a split group shows.
 * No std normalisation (footnote 2 of §3.5), no importance ratio, no clip, no reference model: the KL constraint to
   π_θ' is in the weights themselves.
+* Not in the agent turn layout (``trains_turns = False``): Eq. 8's weights compare log π(y_i|x) of responses to one
+  prompt x, and the turns of a group answer different prompts (each has its own history window).
 * Off-policy π_s (Theorem 3.2, Fig. 4): the trainer's ``rollout.replay_historical`` mixes historical responses of the
   same prompt into a group; their π_θ' log-probs are recomputed with the current policy at the start of the step.
 """
@@ -53,6 +55,7 @@ from mmrl.algos.base import (
     group_index,
     group_mean_std,
     group_sum,
+    masked_mean,
     policy_drift_metrics,
     register,
 )
@@ -78,6 +81,7 @@ class GVPO(Algorithm):
 
     replays_history = True  # exact off-policy (Theorem 3.2): rollout.replay_historical may mix in older responses
     needs_whole_groups = True  # the weights sum to zero per group (footnote 3 of §A.2)
+    trains_turns = False  # a group's responses must answer one prompt x; the turns of a group do not
 
     def validate(self) -> None:
         if self.beta <= 0:
@@ -97,6 +101,15 @@ class GVPO(Algorithm):
     def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
         _, counts = torch.unique(group_ids, return_counts=True)
         return float((counts > 1).sum())  # mean over groups that have at least two responses
+
+    def token_average(self, values: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
+        """Each group's mean of its responses' token means, averaged over the groups that train (the loss's mass)."""
+        dense, n_groups = group_index(group_ids)
+        per_row = masked_mean(values, mask, dim=1)
+        size = group_sum(torch.ones_like(per_row), dense, n_groups)
+        per_group = group_sum(per_row, dense, n_groups) / size.clamp(min=1)
+        trainable = size > 1
+        return (per_group * trainable).sum() / trainable.sum().clamp(min=1)
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     group_ids: Tensor, ref_logprobs: Tensor | None = None,

@@ -14,7 +14,8 @@ Rules every env keeps:
 - An env that breaks (engine crash, timeout) raises :class:`EnvError`; whoever drives it ends that episode as
   failed and keeps the run going.
 - ``info`` is an :class:`EnvInfo`: it carries at least ``won`` (bool) once ``done``; envs with task families add
-  ``task_type``.
+  ``task_type``. An env may add ``anchor``: the state the next action is taken in, as text without history or
+  instructions (GiGPO groups the turns of a group by it; the observation text stands in when absent).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class EnvInfo(TypedDict, total=False):
         step: steps taken so far in the episode.
         gamefile: the game the episode plays.
         seed: the reset seed, echoed.
+        anchor: the state the next action is taken in, without history or instructions (GiGPO's anchor state).
     """
 
     won: bool
@@ -55,6 +57,7 @@ class EnvInfo(TypedDict, total=False):
     task: str
     action: str
     feedback: str
+    anchor: str
     step: int
     gamefile: str
     seed: int | None

@@ -128,8 +128,11 @@ def warmup_ratio(warmup_steps: int, optimizer_steps: int) -> float:
     return min(1.0, (warmup_steps - 0.5) / max(optimizer_steps, 1))
 
 
-def build_flags(cfg: TrainConfig, inputs: LaunchInputs, kl_coef: float, out_dir: str) -> dict[str, Any]:
-    """OpenRLHF flags (``{"dotted.name": value}``; True = a bare switch) for this run, before ``cluster.extra``."""
+def build_flags(cfg: TrainConfig, inputs: LaunchInputs, kl_coef: float, out_dir: str,
+                entropy_coef: float = 0.0) -> dict[str, Any]:
+    """OpenRLHF flags (``{"dotted.name": value}``; True = a bare switch) for this run, before ``cluster.extra``.
+    ``entropy_coef`` > 0 (the objective's ``entropy_coef``) turns on OpenRLHF's own entropy bonus in its training
+    step, averaged by OpenRLHF's token normalisers (the local trainer averages it as the objective's loss)."""
     r, o, c, run = cfg.rollout, cfg.optim, cfg.cluster, cfg.run
     micro = micro_batch_size(cfg)
     responses = r.prompts_per_step * r.samples_per_prompt
@@ -169,6 +172,8 @@ def build_flags(cfg: TrainConfig, inputs: LaunchInputs, kl_coef: float, out_dir:
     }
     if kl_coef > 0:
         flags.update({"algo.kl.use_loss": True, "algo.kl.estimator": "k3"})
+    if entropy_coef > 0:
+        flags["actor.entropy_coef"] = entropy_coef
     if c.colocate:
         flags.update({"train.colocate_all": True, "vllm.enable_sleep": True, "ds.enable_sleep": True})
     elif kl_coef > 0:

@@ -102,6 +102,7 @@ def algorithm_spec(cfg: TrainConfig, algo: algos.Algorithm) -> dict[str, Any]:
     so that ``algos.get(spec["algo"], **spec["params"])`` is the same objective, constant normaliser included."""
     return {"algo": algo.name, "params": dataclasses.asdict(algo), "samples_per_prompt": cfg.rollout.samples_per_prompt,
             "uses_reference": algo.uses_reference(), "kl_coef": algo.reference_kl_coef(),
+            "entropy_coef": algo.entropy_coef,
             "freeze_router": cfg.moe.freeze_router}
 
 
@@ -209,6 +210,9 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     validate(cfg)
     task = build_task(cfg)
     algo = build_algorithm(cfg, task.multi_turn)  # a bad name or hyper-parameter fails here, on the driver
+    if cfg.rollout.agent_layout != "episode":
+        raise UserError("config: rollout.agent_layout turn runs on the local backend; the openrlhf backend trains "
+                         "agent episodes in the episode layout")
     spec = algorithm_spec(cfg, algo)
     check_layout(cfg, algo)
     out = cfg.out_dir.resolve()
@@ -239,7 +243,8 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
                           reward_func=files["reward_func"], agent_func=agent, train_rows=len(task.train),
                           max_images=most, batches_per_step=1 + algo.resampling().max_rounds,
                           max_eval_new_tokens=max((s.max_new_tokens(cfg) for s in eval_sets), default=0))
-    flags = build_flags(cfg, inputs, spec["kl_coef"] if spec["uses_reference"] else 0.0, str(out))
+    flags = build_flags(cfg, inputs, spec["kl_coef"] if spec["uses_reference"] else 0.0, str(out),
+                        entropy_coef=spec["entropy_coef"])
     if cfg.cluster.rehearsal:
         flags = merge_extra(flags, REHEARSAL_FLAGS)
     extra, dropped = unmasked_extra(cfg.cluster.extra)

@@ -150,6 +150,6 @@ def alfworld_task(games_root: str = "", n_per_type: int = 8, n_eval_per_type: in
 
     types = sorted({g.task_type for g in train})
     return EnvTask("alfworld", train=_rows(train), eval=_rows(held_out), env_class=AlfWorldEnv, env_kwargs=env_kwargs,
-                   expert=expert_player,
+                   expert=expert_player, turn_env_kwargs={"observation_mode": "window"},
                    description=f"ALFWorld on TextWorld: {len(train)} {train_split} games, {len(held_out)} held-out "
                                f"({eval_split}); task types {', '.join(types)}; max_steps {max_steps}")

@@ -124,13 +124,26 @@ class EnvTask:
     accuracy_key: str = "success"
     format_key: str | None = "format"
     description: str = ""
+    # Env keyword arguments (over ``env_kwargs(row)``) under which every observation is a self-contained prompt:
+    # the task, the last turns and the current state (verl-agent's prompt), for ``rollout.agent_layout turn``, where
+    # every env step is its own training sample. None: the env has no such mode, the turn layout is refused.
+    turn_env_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.train:
             raise UserError(f"task {self.name!r}: the training split is empty")
 
-    def make_env(self, row: dict[str, Any]) -> Any:
-        return self.env_class(**self.env_kwargs(row))
+    def kwargs_for(self, row: dict[str, Any], layout: str = "episode") -> dict[str, Any]:
+        """The env's keyword arguments for ``row`` in agent ``layout`` (``episode`` or ``turn``)."""
+        if layout == "turn":
+            if self.turn_env_kwargs is None:
+                raise UserError(f"task {self.name!r}: its env has no self-contained per-turn prompt; "
+                                 f"rollout.agent_layout turn is not available")
+            return {**self.env_kwargs(row), **self.turn_env_kwargs}
+        return self.env_kwargs(row)
+
+    def make_env(self, row: dict[str, Any], layout: str = "episode") -> Any:
+        return self.env_class(**self.kwargs_for(row, layout))
 
 
 def get_task(name: str, **options: Any) -> Task | EnvTask:

@@ -49,15 +49,28 @@ def build_task(cfg: TrainConfig) -> Task | EnvTask:
 
 
 def response_budget(cfg: TrainConfig, multi_turn: bool) -> int:
-    """The most tokens one trained response can hold: ``rollout.max_new_tokens``, or for a multi-turn task (whose
-    response is a whole episode) ``rollout.max_episode_tokens``."""
-    return cfg.rollout.max_episode_tokens if multi_turn else cfg.rollout.max_new_tokens
+    """The most tokens one trained response can hold: ``rollout.max_new_tokens``, or for a multi-turn task in the
+    episode layout (whose response is a whole episode) ``rollout.max_episode_tokens``; in the turn layout a response
+    is one turn."""
+    whole_episode = multi_turn and cfg.rollout.agent_layout == "episode"
+    return cfg.rollout.max_episode_tokens if whole_episode else cfg.rollout.max_new_tokens
 
 
 def build_algorithm(cfg: TrainConfig, multi_turn: bool) -> algos.Algorithm:
     """The objective of ``cfg`` for a task of this kind (``task.multi_turn``), as every backend trains it: its
-    hyper-parameters, and its constant length normaliser (Dr.GRPO's) set from the task's response budget."""
-    return algos.get(cfg.algo.name, **cfg.algo.params).with_length_budget(response_budget(cfg, multi_turn))
+    hyper-parameters, and its constant length normaliser (Dr.GRPO's) set from the task's response budget. What the
+    objective needs of the agent layout (``needs_steps``, ``trains_turns``) is checked here, once for both."""
+    algo = algos.get(cfg.algo.name, **cfg.algo.params).with_length_budget(response_budget(cfg, multi_turn))
+    layout = cfg.rollout.agent_layout
+    if multi_turn and algo.needs_steps and layout != "turn":
+        raise UserError(f"config: --algo {algo.name} needs the per-step rewards and observations of each turn; "
+                         f"train it with --rollout.agent_layout turn")
+    if multi_turn and layout == "turn" and not algo.trains_turns:
+        raise UserError(f"config: --algo {algo.name} needs whole responses to one prompt in a group; "
+                         f"--rollout.agent_layout turn gives turns with different prompts (use episode)")
+    if not multi_turn and layout != "episode":
+        raise UserError("config: rollout.agent_layout turn is for multi-turn (agent) tasks")
+    return algo
 
 
 def reference_needed(algo: algos.Algorithm, cfg: TrainConfig) -> bool:

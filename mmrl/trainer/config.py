@@ -138,6 +138,13 @@ class RolloutConfig:
                                      "each turn)")
     env_step_timeout: float = setting(120.0, "seconds an env step may take in the pool before its worker counts as "
                                       "hung", above(0))
+    agent_layout: str = setting("episode", "multi-turn: episode = one growing sequence per episode with the env's "
+                                "tokens masked (OpenRLHF's layout); turn = every env step is its own sample, prompted "
+                                "with the task, the last turns and the state (verl-agent's layout)", Range(
+                                    "must be episode or turn, and turn cannot replay historical responses "
+                                    "(rollout.replay_historical)",
+                                    lambda v, cfg: v in ("episode", "turn")
+                                    and (v == "episode" or not cfg.rollout.replay_historical)))
 
 
 @dataclasses.dataclass

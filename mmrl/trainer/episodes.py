@@ -22,6 +22,12 @@ out of the update, since their return says nothing about the policy).
 
 The episode's reward is the sum of its step rewards (the env's convention; ALFWorld: 10·won minus 0.1 per step whose
 output had no well-formed ``<action>``).
+
+The turn layout (``layout="turn"``, verl-agent's): the env runs in its self-contained observation mode
+(``EnvTask.turn_env_kwargs``: every observation is the task, the last turns and the current state), and every env step
+is one training sample: its prompt is the chat-templated observation, its response the model's turn
+(:class:`TurnSample`). Nothing grows across turns, so a turn's context is bounded by the history window whatever the
+episode's length; ``max_episode_tokens`` then bounds each turn-sample (prompt and turn).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mmrl.batch import Response
+from mmrl.batch import Response, TurnStep
 from mmrl.envs.base import EnvError, TextEnv
 from mmrl.errors import UserError
 from mmrl.rewards.base import RewardResult
@@ -96,6 +102,21 @@ class Turn:
 
 
 @dataclasses.dataclass
+class TurnSample:
+    """One turn of the turn layout: the prompt the model saw, its turn, the sampler's log-probs, the env's reward for
+    the turn (0 when the turn was cut short and never stepped) and the anchor state it was taken in."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float] | None
+    anchor: str
+    reward: float = 0.0
+
+
+LAYOUTS = ("episode", "turn")
+
+
+@dataclasses.dataclass
 class Episode:
     """One episode being played. ``env`` is a TextEnv or a function building one: building happens inside the
     driver, so an env that cannot even be built (``EnvError``, e.g. an unreadable game) fails only its episode."""
@@ -117,6 +138,9 @@ class Episode:
     won: bool = False
     outcome: str = ""  # "" while running; then "done" | "truncated" | "failed"
     error: str = ""  # why it failed
+    layout: str = "episode"  # "turn": each turn re-prompts from the env's self-contained observation
+    turns: list[TurnSample] = dataclasses.field(default_factory=list)  # the turn layout's samples
+    anchor: str = ""  # the turn layout: the state the next turn is taken in
 
     @property
     def context(self) -> list[int]:
@@ -129,11 +153,18 @@ class Episode:
     def end(self, outcome: str, error: str = "") -> None:
         self.outcome, self.error = outcome, error
 
+    @property
+    def largest_context(self) -> int:
+        """The most tokens the model read and wrote at once: the whole episode, or the turn layout's largest turn."""
+        if self.layout == "turn":
+            return max((len(t.prompt_ids) + len(t.token_ids) for t in self.turns), default=len(self.prompt_ids))
+        return len(self.context)
+
     def summary(self) -> dict[str, Any]:
         steps = max(self.steps, 1)
         return {"won": self.won, "task_type": self.task_type, "outcome": self.outcome, "steps": self.steps,
                 "valid_action_rate": self.valid_actions / steps, "format_rate": self.well_formed / steps,
-                "return": sum(self.rewards), "tokens": len(self.context), "error": self.error}
+                "return": sum(self.rewards), "tokens": self.largest_context, "error": self.error}
 
     def reward(self) -> RewardResult:
         """The episode's return as a reward; ``success``/``format``/``valid_action`` are its reported components."""
@@ -153,6 +184,15 @@ class Episode:
         return Response(list(self.token_ids), "\n".join(self.actions), reward=self.reward(),
                         truncated=self.outcome == "truncated", loss_mask=list(self.loss_mask),
                         episode=self.summary())
+
+    def turn_responses(self, episode_id: int) -> list[Response]:
+        """The turn layout's training samples: one per turn, each with its own prompt and the episode's return as its
+        reward; the episode's summary rides on the first only, so that episode metrics count each episode once."""
+        reward, summary, last = self.reward(), self.summary(), len(self.turns) - 1
+        return [Response(list(t.token_ids), text, reward=reward, truncated=i == last and self.outcome == "truncated",
+                         episode=summary if i == 0 else None, prompt_ids=list(t.prompt_ids),
+                         step=TurnStep(episode_id, i, t.reward, t.anchor))
+                for i, (t, text) in enumerate(zip(self.turns, self.actions, strict=True))]
 
 
 Policy = Callable[[list[Episode]], list[Turn]]
@@ -209,6 +249,7 @@ async def _reset(ep: Episode, renderer: TurnRenderer, max_tokens: int, timeout: 
     ep.observations.append(observation)
     ep.info = info
     ep.task_type = str(info.get("task_type", ""))
+    ep.anchor = str(info.get("anchor", observation))
     ep.prompt_ids = renderer.prompt_ids(observation)
     if len(ep.prompt_ids) >= max_tokens:
         ep.end("failed", f"the first prompt has {len(ep.prompt_ids)} tokens, max_episode_tokens is {max_tokens}")
@@ -227,9 +268,18 @@ async def _step(ep: Episode, turn: Turn, renderer: TurnRenderer, stop_text: str 
     ep.valid_actions += bool(info.get("action_valid", False))
     ep.well_formed += bool(info.get("format_ok", False))
     ep.task_type = str(info.get("task_type", ep.task_type))
+    if ep.layout == "turn":
+        ep.turns[-1].reward = float(result.reward)
     if result.done:
         ep.won = bool(info.get("won", False))
         ep.end("done")
+        return
+    if ep.layout == "turn":  # the next turn reads the env's self-contained observation afresh
+        ep.anchor = str(info.get("anchor", result.observation))
+        ep.prompt_ids = renderer.prompt_ids(result.observation)
+        ep.token_ids, ep.loss_mask, ep.sampler_logprobs = [], [], []  # only the current turn, as its prompt
+        if len(ep.prompt_ids) >= max_tokens:
+            ep.end("truncated")
         return
     feedback = renderer.feedback_ids(result.observation, stop_text)
     if len(ep.context) + len(feedback) >= max_tokens:  # no room for the feedback and a next turn
@@ -257,6 +307,9 @@ async def _drive(episodes: list[Episode], renderer: TurnRenderer, policy: Policy
         for ep, turn in zip(running, turns, strict=True):
             room = max_tokens - len(ep.context)
             tokens = turn.token_ids[:room]
+            if ep.layout == "turn":
+                ep.turns.append(TurnSample(list(ep.prompt_ids), list(tokens),
+                                           list(turn.logprobs[: len(tokens)]) if turn.logprobs else None, ep.anchor))
             ep.token_ids += tokens
             ep.loss_mask += [1] * len(tokens)
             ep.sampler_logprobs += list(turn.logprobs[: len(tokens)]) if turn.logprobs else [None] * len(tokens)
@@ -272,7 +325,11 @@ async def _drive(episodes: list[Episode], renderer: TurnRenderer, policy: Policy
 
 def run_episodes(episodes: list[Episode], renderer: TurnRenderer, policy: Policy, max_episode_tokens: int,
                  step_timeout: float | None = None) -> list[Episode]:
-    """Play every episode to its end (in place; also returned). Envs are closed afterwards."""
+    """Play every episode to its end (in place; also returned). Envs are closed afterwards. Each episode's ``layout``
+    says how its turns are rendered (a turn-layout episode's env must be in its self-contained observation mode)."""
+    for ep in episodes:
+        if ep.layout not in LAYOUTS:
+            raise ValueError(f"episode layout must be one of {LAYOUTS}, got {ep.layout!r}")
     asyncio.run(_drive(episodes, renderer, policy, max_episode_tokens, step_timeout))
     return episodes
 

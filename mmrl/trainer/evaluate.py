@@ -95,12 +95,13 @@ def evaluate_episode_groups(model, tokenizer, task: EnvTask, k: int = 4, tempera
                             max_new_tokens: int = 48, max_episode_tokens: int = 2048, seed: int = 0,
                             max_problems: int = 0, batch_size: int = 128, concurrent: int = 32,
                             env_factory=None, top_p: float = 1.0, progress: bool = False,
-                            kv_cache: bool = True) -> tuple[dict[str, Any], list[Group]]:
+                            kv_cache: bool = True, layout: str = "episode") -> tuple[dict[str, Any], list[Group]]:
     """(metrics, one group of k episodes per held-out game: each response is an episode's actions and summary).
     ``concurrent`` envs are alive at a time, as each holds an engine.
     ``kv_cache``: carry each episode's KV cache across turns (see :func:`~mmrl.trainer.episodes.model_policy`).
-    ``env_factory(row)``: a zero-argument env builder (default: in this process, ``task.make_env(row)``)."""
-    env_factory = env_factory or (lambda row: partial(task.make_env, row))
+    ``env_factory(row)``: a zero-argument env builder (default: in this process, ``task.make_env(row, layout)``).
+    ``layout``: the agent layout the policy plays in (``turn``: re-prompted every turn, as it trained)."""
+    env_factory = env_factory or (lambda row: partial(task.make_env, row, layout))
     rows = task.eval[:max_problems] if max_problems else task.eval
     if not rows:
         return {}, []
@@ -115,7 +116,7 @@ def evaluate_episode_groups(model, tokenizer, task: EnvTask, k: int = 4, tempera
         bar = tqdm(total=len(plan), desc="eval", unit="episode", dynamic_ncols=True, disable=not progress)
         for start in range(0, len(plan), concurrent):
             chunk = plan[start : start + concurrent]
-            episodes = [Episode(env_factory(row), seed=seed * 1_000_003 + i) for i, row in chunk]
+            episodes = [Episode(env_factory(row), seed=seed * 1_000_003 + i, layout=layout) for i, row in chunk]
             played += run_episodes(episodes, renderer, policy, max_episode_tokens)
             bar.update(len(chunk))
         bar.close()
@@ -126,6 +127,7 @@ def evaluate_episode_groups(model, tokenizer, task: EnvTask, k: int = 4, tempera
                               f"pass@{n}": sum(pass_at_k(n, c, n) for c in wins) / len(rows),
                               "mean_return": sum(s["return"] for s in summaries) / len(summaries)}
     result.update(episode_metrics(summaries))
-    groups = [Group(g, row, played[g * n].prompt_ids, [ep.response() for ep in played[g * n:(g + 1) * n]])
+    groups = [Group(g, row, played[g * n].turns[0].prompt_ids if layout == "turn" and played[g * n].turns
+                    else played[g * n].prompt_ids, [ep.response() for ep in played[g * n:(g + 1) * n]])
               for g, row in enumerate(rows)]
     return result, groups

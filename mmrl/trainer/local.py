@@ -80,6 +80,16 @@ from mmrl.trainer.vision_prompts import PromptCache, prompts_vision
 log = logging.getLogger("mmrl")
 
 
+def turn_steps(groups: list[Group]) -> algos.TurnSteps:
+    """The turn layout's per-row facts (episode, step, step reward, anchor state) in ``collate``'s row order."""
+    steps = [r.step for g in groups for r in g.responses]
+    if any(s is None for s in steps):
+        raise RuntimeError("turn layout: a response without its turn's step (episode, index, reward, anchor)")
+    return algos.TurnSteps(torch.tensor([s.episode for s in steps]), torch.tensor([s.index for s in steps]),
+                           torch.tensor([s.reward for s in steps], dtype=torch.float32),
+                           tuple(s.anchor for s in steps))
+
+
 class PromptSampler:
     """Shuffled epochs over the training split; its whole state goes into checkpoints."""
 
@@ -166,6 +176,7 @@ class Trainer:
     env_pool: Any = None  # multi-turn with rollout.env_workers > 0: the mmrl.envs.pool.EnvPool running the envs
     owner: RunDir | None = None  # the run directory's lock, held from build until run() ends
     eval_sets: list[EvalSet] = dataclasses.field(default_factory=list)  # evaluation.sets; empty: run.eval_* on task
+    episodes_played: int = 0  # the turn layout: a running id for episodes, so that a batch's episode ids are unique
 
     def autocast(self):
         """Mixed precision: weights and optimizer state stay float32, forward passes run in ``model.dtype``."""
@@ -214,11 +225,18 @@ class Trainer:
         one start."""
         return self.cfg.run.seed * 1_000_003 + index
 
+    @property
+    def turn_layout(self) -> bool:
+        """Agent episodes train turn by turn (``rollout.agent_layout turn``): every env step is its own sample."""
+        return self.task.multi_turn and self.cfg.rollout.agent_layout == "turn"
+
     def env_factory(self, row: dict[str, Any]):
-        """A zero-argument builder of the env for ``row``: in the env pool's workers, or in this process."""
+        """A zero-argument builder of the env for ``row`` in the run's agent layout: in the env pool's workers, or in
+        this process."""
+        layout = self.cfg.rollout.agent_layout
         if self.env_pool is not None:
-            return partial(self.env_pool.env, **self.task.env_kwargs(row))
-        return partial(self.task.make_env, row)
+            return partial(self.env_pool.env, **self.task.kwargs_for(row, layout))
+        return partial(self.task.make_env, row, layout)
 
     def sample_episode_groups(self, n_games: int) -> list[Group]:
         """Multi-turn: ``samples_per_prompt`` episodes of each sampled game from one reset seed, all played together
@@ -228,11 +246,12 @@ class Trainer:
         for index in self.sampler.take(n_games):
             old = self.history.take(index, r.replay_historical)
             row = self.task.train[index]
-            episodes = [Episode(self.env_factory(row), seed=self.episode_seed(index))
+            episodes = [Episode(self.env_factory(row), seed=self.episode_seed(index), layout=r.agent_layout)
                         for _ in range(r.samples_per_prompt - len(old))]
             plan.append((index, old, episodes))
+        # a turn-layout context is re-prompted every turn, so there is no growing sequence to keep a KV cache of
         policy = model_policy(self.model, self.tokenizer, r.max_new_tokens, r.temperature, r.top_p,
-                              r.generation_batch_size, kv_cache=r.episode_kv_cache)
+                              r.generation_batch_size, kv_cache=r.episode_kv_cache and not self.turn_layout)
         with self.autocast():
             run_episodes([ep for _, _, eps in plan for ep in eps], self.renderer, policy, r.max_episode_tokens)
         groups = []
@@ -241,10 +260,18 @@ class Trainer:
             self.failed_episodes += [ep.summary() for ep in episodes if ep.outcome == "failed"]
             if not played:
                 continue
-            if any(ep.prompt_ids != played[0].prompt_ids for ep in played):
+            starts = [ep.turns[0].prompt_ids if self.turn_layout else ep.prompt_ids for ep in played]
+            if any(start != starts[0] for start in starts):
                 raise RuntimeError(f"game {self.task.train[index]} started differently under one seed; a group needs "
                                    f"identical starts")
-            group = Group(index, self.task.train[index], played[0].prompt_ids, [ep.response() for ep in played] + old)
+            if self.turn_layout:  # every turn is a sample of the game's group; the ids tell its episode apart
+                responses = []
+                for ep in played:
+                    responses += ep.turn_responses(self.episodes_played)
+                    self.episodes_played += 1
+            else:
+                responses = [ep.response() for ep in played]
+            group = Group(index, self.task.train[index], starts[0], responses + old)
             self.history.add(index, [x for x in group.responses if not x.historical])
             groups.append(group)
         return groups
@@ -297,7 +324,10 @@ class Trainer:
             if self.ref_model is not None:
                 batch.ref_logprobs, _ = batch_logprobs(self.ref_model, batch, temperature, micro,
                                                        row_by_row_min_width=self.row_by_row_min_width)
-        batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
+        if self.turn_layout:  # per turn: the episode's advantage, or the objective's own step-level one (GiGPO)
+            batch.advantages = self.algo.turn_advantages(batch.rewards, batch.group_ids, turn_steps(groups))
+        else:
+            batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
         stats = self.algo.batch_stats(batch.rewards, batch.group_ids, batch.advantages, batch.old_logprobs,
                                       batch.response_mask)
         return batch, stats
@@ -311,7 +341,8 @@ class Trainer:
                                 capture_logits=c.aux_loss_coef > 0 or c.z_loss_coef > 0)
         with hooks.active():
             logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature,
-                                                  with_entropy=True, rows=rows)
+                                                  with_entropy=True, rows=rows,
+                                                  entropy_grad=self.algo.entropy_coef > 0)
         mask = sub.attention_mask
         natural = hooks.natural if c.routing_replay else hooks.routing
         extra_loss = torch.zeros((), device=logprobs.device)
@@ -336,6 +367,10 @@ class Trainer:
         rows_of = [(batch.group_ids == g).nonzero().squeeze(1) for g in groups.tolist()]
         if not limit:
             return [torch.cat(rows_of)]
+        if self.turn_layout and not self.algo.needs_whole_groups:
+            # a game's group holds every turn of its episodes (hundreds for 50-step episodes); objectives whose loss
+            # reads no group statistic take it in pieces, still exact under the loss-mass weights
+            return list(torch.cat(rows_of).split(limit))
         out, current = [], []
         for rows in rows_of:
             if current and sum(len(r) for r in current) + len(rows) > limit:
@@ -375,13 +410,18 @@ class Trainer:
                         else:
                             logprobs, entropy = response_logprobs(self.model, batch, temperature,
                                                                   with_entropy=True, rows=rows,
-                                                                  row_by_row_min_width=self.row_by_row_min_width)
+                                                                  row_by_row_min_width=self.row_by_row_min_width,
+                                                                  entropy_grad=self.algo.entropy_coef > 0)
                     old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
                     loss, metrics = self.algo.policy_loss(
                         logprobs=logprobs, old_logprobs=old, advantages=sub.advantages,
                         mask=sub.response_mask, group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs,
                         stats=stats_for_rows(stats, rows))
                     metrics = {**metrics, **router_metrics}
+                    if self.algo.entropy_coef > 0:  # every objective: -coef × entropy, averaged as its loss
+                        bonus = self.algo.entropy_bonus(entropy, sub.response_mask.to(entropy.device), sub.group_ids)
+                        loss = loss + bonus
+                        metrics["entropy_bonus"] = float(bonus.detach())
                     if not (torch.isfinite(loss) and torch.isfinite(torch.as_tensor(router_loss))):
                         finite = False  # NaN/inf never reaches the optimizer
                         break
@@ -389,7 +429,7 @@ class Trainer:
                     # The policy loss is weighted by the objective's loss mass, router losses by tokens' rows.
                     (loss * share + router_loss * (len(rows) / n_rows)).backward()
                     mask = sub.response_mask
-                    token_entropy = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+                    token_entropy = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
                     step_metrics.update({k: v * share for k, v in metrics.items()})
                     step_metrics.update({"loss": float(loss.detach()) * share, "entropy": token_entropy * share})
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip) if finite else torch.tensor(0.0)
@@ -424,7 +464,8 @@ class Trainer:
         elapsed = time.perf_counter() - t0
 
         responses = [r for g in groups for r in g.responses]
-        components = [r.reward.components for r in responses]
+        # success and format are per episode: in the turn layout each episode's first turn stands for it
+        components = [r.reward.components for r in responses if r.episode or not self.turn_layout]
         lengths = [len(r.token_ids) for r in responses]
         reasons = Counter(r.reward.reason for r in responses if r.reward.reason)
         record: dict[str, Any] = {
@@ -516,7 +557,8 @@ class Trainer:
                 return evaluate_episode_groups(
                     self.model, self.tokenizer, task, k=k, temperature=temperature, top_p=top_p,
                     max_new_tokens=max_new_tokens, max_episode_tokens=rc.max_episode_tokens, seed=self.cfg.run.seed,
-                    batch_size=rc.generation_batch_size, env_factory=self.env_factory, kv_cache=rc.episode_kv_cache)
+                    batch_size=rc.generation_batch_size, env_factory=self.env_factory,
+                    kv_cache=rc.episode_kv_cache and not self.turn_layout, layout=rc.agent_layout)
             return evaluate_groups(
                 self.model, self.tokenizer, task, k=k, temperature=temperature, top_p=top_p,
                 max_new_tokens=max_new_tokens, max_prompt_tokens=rc.max_prompt_tokens, seed=self.cfg.run.seed,
@@ -598,7 +640,7 @@ def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, owner: RunDir, au
     rows = task.train[: s.demos] if s.demos else task.train
     t0 = time.perf_counter()
     demos = render_demonstrations(task, tokenizer, rows, cfg.rollout.max_episode_tokens, seed=cfg.run.seed,
-                                  per_row=s.demos_per_row)
+                                  per_row=s.demos_per_row, layout=cfg.rollout.agent_layout)
     log.info("sft warm-up: %d demonstrations rendered in %.1f s; %d steps", len(demos), time.perf_counter() - t0,
              s.steps)
     owner.record("sft.jsonl")

@@ -142,9 +142,10 @@ ROW_BY_ROW_MIN_WIDTH = 512
 
 
 def response_logprobs(model, batch: RolloutBatch, temperature: float, with_entropy: bool = False,
-                      rows: torch.Tensor | None = None,
-                      row_by_row_min_width: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[n, T]`` of the response tokens of ``rows`` under ``model`` (and token entropy, detached).
+                      rows: torch.Tensor | None = None, row_by_row_min_width: int = 0,
+                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[n, T]`` of the response tokens of ``rows`` under ``model`` (and token entropy, detached unless
+    ``entropy_grad``: an entropy bonus in the loss needs its gradient).
 
     Only the last T+1 positions' logits are computed (``logits_to_keep``): prompts cost no vocabulary projection.
     Padding positions get exactly 0. ``row_by_row_min_width`` > 0: a text batch at least that many tokens wide, on
@@ -154,7 +155,7 @@ def response_logprobs(model, batch: RolloutBatch, temperature: float, with_entro
     sub = batch if rows is None else batch.select(rows)
     device = next(model.parameters()).device
     if 0 < row_by_row_min_width <= sub.input_ids.shape[1] and device.type == "cpu" and sub.vision is None:
-        return _row_by_row_logprobs(model, sub, temperature, with_entropy)
+        return _row_by_row_logprobs(model, sub, temperature, with_entropy, entropy_grad)
     t = sub.response_mask.shape[1]
     inputs = {"input_ids": sub.input_ids.to(device), "attention_mask": sub.attention_mask.to(device),
               "position_ids": sub.position_ids.to(device), "use_cache": False}
@@ -166,7 +167,7 @@ def response_logprobs(model, batch: RolloutBatch, temperature: float, with_entro
     if sub.vision is not None:  # the tokens generation suppressed have probability 0 under the sampled policy
         logits = sub.vision.mask_blocked(logits)
     return _token_logprobs(logits, sub.input_ids[:, -t:].to(device), sub.response_mask.to(device) > 0, temperature,
-                           with_entropy)
+                           with_entropy, entropy_grad)
 
 
 def _response_logits(model, inputs: dict, t: int) -> torch.Tensor:
@@ -179,7 +180,7 @@ def _response_logits(model, inputs: dict, t: int) -> torch.Tensor:
 
 
 def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    with_entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     log_norm = torch.logsumexp(logits, dim=-1)
@@ -187,14 +188,15 @@ def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Ten
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             probs = torch.softmax(logits, dim=-1)
             entropy = log_norm - (probs * logits).sum(-1)
+        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
     return logprobs, entropy
 
 
-def _row_by_row_logprobs(model, sub: RolloutBatch, temperature: float,
-                         with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _row_by_row_logprobs(model, sub: RolloutBatch, temperature: float, with_entropy: bool,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`response_logprobs` of a text batch, one forward per row on the row's own tokens (no padding, no
     attention mask: causal attention alone). Rows are right-padded past their response to ``[n, T]`` with zeros.
     Each row must be attended on one contiguous span that starts in the prompt (``collate``'s layout)."""
@@ -213,7 +215,7 @@ def _row_by_row_logprobs(model, sub: RolloutBatch, temperature: float,
         positions = torch.arange(ids.shape[1], device=device)[None]
         logits = _response_logits(model, {"input_ids": ids, "position_ids": positions, "use_cache": False}, span)
         mask = sub.response_mask[i : i + 1, :span].to(device) > 0
-        logprobs, entropy = _token_logprobs(logits, ids[:, -span:], mask, temperature, with_entropy)
+        logprobs, entropy = _token_logprobs(logits, ids[:, -span:], mask, temperature, with_entropy, entropy_grad)
         logprob_rows.append(torch.nn.functional.pad(logprobs, (0, t - span)))
         if with_entropy:
             entropy_rows.append(torch.nn.functional.pad(entropy, (0, t - span)))

@@ -46,17 +46,19 @@ def expert_policy(tokenizer, players: dict[int, Callable[[str, dict[str, Any]], 
 
 
 def render_demonstrations(task: EnvTask, tokenizer, rows: list[dict[str, Any]], max_episode_tokens: int,
-                          seed: int = 0, per_row: int = 1) -> list[Group]:
+                          seed: int = 0, per_row: int = 1, layout: str = "episode") -> list[Group]:
     """``per_row`` expert demonstrations of each row (players seeded ``seed * per_row + k``), each as a
-    one-response :class:`Group`; won episodes only."""
+    one-response :class:`Group` (in the turn ``layout``: a group of its turn-samples, each with its own prompt);
+    won episodes only."""
     if task.expert is None:
         raise UserError(f"sft.steps > 0 but task {task.name!r} has no expert demonstrations")
     renderer = TurnRenderer(tokenizer, task.system_prompt)
     starts = [(row, seed * per_row + k) for row in rows for k in range(per_row)]
-    episodes = [Episode(partial(task.make_env, row), seed=seed) for row, _ in starts]
+    episodes = [Episode(partial(task.make_env, row, layout), seed=seed, layout=layout) for row, _ in starts]
     players = {id(ep): task.expert(row, player_seed) for ep, (row, player_seed) in zip(episodes, starts, strict=True)}
     run_episodes(episodes, renderer, expert_policy(tokenizer, players), max_episode_tokens)
-    groups = [Group(n // per_row, row, ep.prompt_ids, [ep.response()])  # sample_index: the row's position in rows
+    groups = [Group(n // per_row, row, ep.prompt_ids,  # sample_index: the row's position in rows
+                    ep.turn_responses(n) if layout == "turn" else [ep.response()])
               for n, (ep, (row, _)) in enumerate(zip(episodes, starts, strict=True)) if ep.won]
     lost = [(row, ep.summary()) for ep, (row, _) in zip(episodes, starts, strict=True) if not ep.won]
     if lost:

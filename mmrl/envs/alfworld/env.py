@@ -14,7 +14,8 @@ Episode rules (verl-agent / GiGPO ALFWorld setup; the GMPO paper's App. D uses t
 ``info`` of every reset/step: ``won``, ``task_type``, ``task``, ``admissible_actions`` (the commands now admissible),
 ``action_valid`` (the command was admissible), ``format_ok``, ``reason`` (why the format is bad, else ""),
 ``action`` (the command sent to the engine), ``feedback`` (the engine's own text for it, no prompt around it),
-``step``, ``gamefile``; once done also ``truncated`` (step limit hit).
+``step``, ``gamefile``, ``anchor`` (the engine's text of the state now, as verl-agent's ``anchor_obs``: GiGPO's
+step-level groups); once done also ``truncated`` (step limit hit).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class AlfWorldEnv(TextEnv):
         self._last_observation = observation
         self._admissible = state.admissible
         first = prompts.first_prompt(self._task, observation, state.admissible)
-        return first, self._info(seed=seed, feedback=observation)
+        return first, self._info(seed=seed, feedback=observation, anchor=observation)
 
     async def step(self, action_text: str) -> StepResult:
         if not self._started or self._done:
@@ -135,7 +136,7 @@ class AlfWorldEnv(TextEnv):
         else:
             observation = prompts.step_feedback(self._steps, state.feedback, state.admissible, self._done)
         info = self._info(won=won, action_valid=action_valid, format_ok=parsed.format_ok, reason=parsed.reason,
-                          action=parsed.command, feedback=state.feedback)
+                          action=parsed.command, feedback=state.feedback, anchor=state.feedback)
         if self._done:
             info["truncated"] = not won
         return StepResult(observation, reward, self._done, info)
