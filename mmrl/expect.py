@@ -63,8 +63,9 @@ def report(run_dir: Path, weights_dir: Path = WEIGHTS_DIR) -> list[str]:
             continue
         first, last = got[key]
         mine = first if kind == "start" else last - first
-        lines.append(f"{row['metric']}: this run {mine:+.3f}; published mean {row['mean']:+.3f}, range "
-                     f"{row['min']:+.3f} … {row['max']:+.3f} over {row['n']} seeds ({summary['results']})")
+        fmt = "+.3f" if kind == "rise" else ".3f"  # a rise carries its sign; a level does not need one
+        lines.append(f"{row['metric']}: this run {mine:{fmt}}; published mean {row['mean']:{fmt}}, range "
+                     f"{row['min']:{fmt}} … {row['max']:{fmt}} over {row['n']} seeds ({summary['results']})")
     return lines or ["the run has no held-out evaluation at its first and last step to compare"]
 
 
