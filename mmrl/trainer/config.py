@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 import mmrl.algos as algos
-from mmrl.cache import EMBEDDED_NAME
+from mmrl.cache import EMBEDDED_NAME, cache_root
 from mmrl.errors import UserError
 from mmrl.trainer.schedule import SCHEDULES
 from mmrl.trainer.text_sampler import SAMPLERS
@@ -442,6 +442,9 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"config: cluster.extra must be a mapping of OpenRLHF flags to values, got "
                         f"{cfg.cluster.extra!r}")
     eval_set_configs(cfg)
+    # generated data sets and de-quantised models live in the cache: one that cannot be a folder fails at start, not
+    # at its first use in the middle of a run
+    cache_root()
     if cfg.optim.min_lr_ratio and cfg.optim.schedule != "cosine":
         raise UserError(f"config: optim.min_lr_ratio is the floor of optim.schedule cosine; it has no effect on "
                          f"{cfg.optim.schedule!r}")

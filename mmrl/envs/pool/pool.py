@@ -20,7 +20,7 @@ Failure rules (the contract of :mod:`mmrl.envs.base`: a broken env ends its epis
 - a :class:`PooledEnv` whose worker died raises EnvError on ``step``; its next ``reset`` re-creates it on a live
   worker, so the caller simply starts a new episode;
 - errors the env itself raises come back as EnvError too, except the caller's own mistakes (ValueError, TypeError,
-  RuntimeError such as stepping a finished episode), which are re-raised as they are.
+  RuntimeError such as stepping a finished episode; UserError for a bad option), which are re-raised as they are.
 
 Requests are batched: the requests a loop makes in one iteration (``asyncio.gather`` of every env's step) go to each
 worker as one message, and the worker answers a batch with one message (or several, when a batch runs long, so the
@@ -47,7 +47,8 @@ from mmrl.envs.pool.worker import serve
 from mmrl.errors import UserError
 
 MAX_FAILED_STARTS = 3  # a slot whose worker dies this many times in a row before answering anything is not restarted
-_CALLER_ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "RuntimeError": RuntimeError}
+_CALLER_ERRORS = {"UserError": UserError, "ValueError": ValueError, "TypeError": TypeError,
+                  "RuntimeError": RuntimeError}
 
 
 class _Worker:
