@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import functools
+import math
+
 from mmrl.errors import UserError
 
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine_with_min_lr"}
@@ -21,11 +24,26 @@ def transformers_name(schedule: str) -> str:
     return SCHEDULES[schedule]
 
 
+def lr_factor(schedule: str, step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """The lr multiplier at optimizer step ``step``: transformers' formula for the schedule, written out here because
+    importing transformers' scheduler module imports its trainer stack (and with it peft and bitsandbytes, whose
+    import warnings a plain run should not print). tests/test_schedule.py checks it against transformers."""
+    transformers_name(schedule)
+    if step < warmup_steps:
+        return step / max(1, warmup_steps)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * 0.5 * progress))  # half a cosine (transformers' num_cycles 0.5)
+    return max(0.0, cosine * (1 - min_lr_ratio) + min_lr_ratio)
+
+
 def build_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float):
     """The scheduler of ``total_steps`` optimizer steps (stepped once per optimizer step)."""
-    from transformers import get_scheduler
+    from torch.optim.lr_scheduler import LambdaLR
 
-    name = transformers_name(schedule)
-    extra = {"min_lr_rate": min_lr_ratio} if schedule == "cosine" else {}
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=max(total_steps, 1),
-                         scheduler_specific_kwargs=extra)
+    total = max(total_steps, 1)
+    return LambdaLR(optimizer, functools.partial(lr_factor, schedule, warmup_steps=warmup_steps, total_steps=total,
+                                                 min_lr_ratio=min_lr_ratio))
