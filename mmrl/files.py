@@ -7,9 +7,19 @@ file or the new one, never a truncated mix. Appending one line per step does not
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from pathlib import Path
+
+
+def file_sha256(path: str | Path) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB blocks (model and checkpoint files do not fit a read)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def is_temporary_of(name: str, target: str) -> bool:

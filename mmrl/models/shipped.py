@@ -10,24 +10,17 @@ replaced with ``python -m mmrl.models.ship`` (`mmrl.models.ship`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from mmrl.errors import UserError
+from mmrl.files import file_sha256
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 MANIFEST_NAME = "manifest.json"
 
 _checked: dict[tuple[Path, str], Path] = {}  # (weights folder, name) -> model folder whose files matched
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(weights_dir: Path = WEIGHTS_DIR) -> dict:

@@ -29,7 +29,6 @@ with one line saying why.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -44,6 +43,7 @@ import numpy as np
 import torch
 
 from mmrl.errors import RunError, UserError
+from mmrl.files import file_sha256
 
 log = logging.getLogger("mmrl")
 FORMAT, VERSION = "mmrl-checkpoint", 1
@@ -182,13 +182,6 @@ def write_state(folder: Path, state: dict[str, Any]) -> None:
     _write_text(folder / STATE, json.dumps({"format": FORMAT, "version": VERSION, "state": tree}))
     _write_text(folder / DIGEST, "".join(f"{file_sha256(folder / name)}  {name}\n" for name in (STATE, TENSORS)))
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _why(exc: BaseException, where: Path) -> str:
