@@ -159,3 +159,15 @@ def test_the_sft_warm_up_renders_demonstrations_in_the_turn_layout():
     assert demos[0].responses[-1].episode is None and len(responses[-1].token_ids) > 0
     loss = demonstration_loss(load_model(AGENT), demos, tok.pad_token_id)
     assert torch.isfinite(loss) and float(loss) > 0
+
+
+def test_the_sft_warm_up_shows_its_progress(tmp_path, small_config, capsys):
+    """The warm-up runs before the first RL step: it shows a progress bar, as the RL loop does."""
+    cfg = small_config(tmp_path, **{"task.name": "alfworld", "model.name": AGENT, "rollout.agent_layout": "turn",
+                                    "sft.steps": 2, "sft.demos": 1, "run.progress": True,
+                                    **{f"task.{k}": v for k, v in FAST.items()}, "task.max_steps": 15,
+                                    "task.task_types": "pick_and_place"})
+    build_trainer(cfg)
+    err = capsys.readouterr().err
+    assert "sft warm-up" in err and "2/2" in err
+    assert len((tmp_path / "run" / "sft.jsonl").read_text().splitlines()) == 2

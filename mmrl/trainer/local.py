@@ -644,10 +644,14 @@ def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, owner: RunDir, au
     log.info("sft warm-up: %d demonstrations rendered in %.1f s; %d steps", len(demos), time.perf_counter() - t0,
              s.steps)
     owner.record("sft.jsonl")
-    with (owner.path / "sft.jsonl").open("w") as out:
+    # a warm-up runs for minutes before the first RL step: the same progress bar as the RL loop shows it moving
+    bar = tqdm(total=s.steps, disable=not cfg.run.progress, desc="sft warm-up", unit="step", dynamic_ncols=True)
+    with (owner.path / "sft.jsonl").open("w") as out, bar:
         def write(step: int, loss: float) -> None:
             out.write(json.dumps({"sft_step": step, "loss": loss}) + "\n")
             out.flush()  # a long warm-up can be watched
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
         return sft_warmup(model, demos, tokenizer.pad_token_id, s.steps, s.lr, s.batch_size, seed=cfg.run.seed,
                           autocast=autocast, on_step=write,
