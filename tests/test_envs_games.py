@@ -88,3 +88,36 @@ def test_loader_reads_official_layout_and_filters_like_alfworld(tmp_path, alfwor
         list_games(tmp_path / "nowhere", "train")
     with pytest.raises(ValueError, match="split"):
         list_games(tree, "test")
+
+
+def test_a_subset_of_types_generates_only_those_and_the_same_held_out_games(tmp_path):
+    from mmrl.envs.alfworld import ensure_games
+
+    types = ("pick_and_place", "look_at_obj_in_light")
+    small = ensure_games(tmp_path, n_per_type=1, n_eval_per_type=1, n_receptacles=5, n_distractors=2,
+                         task_types=types)
+    larger = ensure_games(tmp_path, n_per_type=2, n_eval_per_type=1, n_receptacles=5, n_distractors=2,
+                          task_types=types)
+    assert small != larger and "look_at_obj_in_light+pick_and_place_simple" in small.name
+    assert {g.task_type for g in list_games(small, "train")} == {"pick_and_place_simple", "look_at_obj_in_light"}
+    assert len(list_games(larger, "train")) == 4
+    for split in ("valid_seen", "valid_unseen"):
+        a, b = list_games(small, split), list_games(larger, split)
+        assert [g.path.relative_to(small) for g in a] == [g.path.relative_to(larger) for g in b]
+        for x, y in zip(a, b, strict=True):
+            state = "initial_state.pddl"
+            assert (x.path.parent / state).read_bytes() == (y.path.parent / state).read_bytes()
+
+
+def test_the_task_builds_its_generated_set_from_its_room_options(tmp_path, monkeypatch):
+    from mmrl.errors import UserError
+    from mmrl.tasks.base import get_task
+
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path))
+    task = get_task("alfworld", n_per_type=1, n_eval_per_type=1, task_types="pick_and_place", receptacles=5,
+                      distractors=1)
+    assert len(task.train) == 1 and len(task.eval) == 1 and "-r5-d1-pick_and_place_simple" in task.train[0]["game"]
+    with pytest.raises(UserError, match="task.receptacles"):
+        get_task("alfworld", receptacles=3)
+    with pytest.raises(UserError, match="task.task_types"):
+        get_task("alfworld", task_types="make_coffee")

@@ -114,14 +114,17 @@ def _rows(games) -> list[dict[str, Any]]:
 def alfworld_task(games_root: str = "", n_per_type: int = 8, n_eval_per_type: int = 2, train_split: str = "train",
                   eval_split: str = "valid_seen", max_eval_games: int = 12, max_steps: int = 15,
                   history_length: int = 2, invalid_action_penalty: float = 0.1, task_types: str = "",
-                  expert: str = "explorer", seed: int = 0) -> EnvTask:
+                  expert: str = "explorer", seed: int = 0, receptacles: int = 8, distractors: int = 4) -> EnvTask:
     """``games_root``: "" builds (once) the generated set into the cache, ``n_per_type`` training games and
     ``n_eval_per_type`` games of each held-out split per task type (six types); a path (or ``$ALFWORLD_DATA``) reads a
     tree in the official layout. ``max_eval_games``: held-out games used by evaluation (0 = all). ``task_types``: a
     comma-separated subset of the six types (official or short names), "" = all. ``expert``: who the SFT warm-up
-    imitates, ``explorer`` (searches like a player) or ``walkthrough`` (the planner's privileged solution)."""
+    imitates, ``explorer`` (searches like a player) or ``walkthrough`` (the planner's privileged solution).
+    ``receptacles`` and ``distractors``: the rooms of the generated set (receptacles per room, objects besides the
+    task's own); with ``task_types`` set, only those types are generated."""
     try:
-        from mmrl.envs.alfworld import AlfWorldEnv, ensure_games, list_games
+        from mmrl.envs.alfworld import TASK_TYPES, AlfWorldEnv, ensure_games, list_games
+        from mmrl.envs.alfworld.tasks import official_task_type
     except ImportError as exc:
         raise UserError(f"task alfworld needs the ALFWorld engine (pip install 'mmrl[alfworld]'): {exc}") from exc
     if max_steps < 1:
@@ -130,9 +133,16 @@ def alfworld_task(games_root: str = "", n_per_type: int = 8, n_eval_per_type: in
         raise UserError(f"task.expert must be one of {EXPERTS}, got {expert!r}")
     if n_per_type < 1 or n_eval_per_type < 1:
         raise UserError(f"task.n_per_type and task.n_eval_per_type must be >= 1, got {n_per_type}, {n_eval_per_type}")
+    if receptacles < 4 or distractors < 0:  # every room kind has four fixed receptacles
+        raise UserError(f"task.receptacles must be >= 4 and task.distractors >= 0, got {receptacles}, {distractors}")
     try:
-        root = games_root or ensure_games(n_per_type=n_per_type, n_eval_per_type=n_eval_per_type, seed=seed)
-        types = [t.strip() for t in task_types.split(",") if t.strip()] or None
+        types = [official_task_type(t.strip()) for t in task_types.split(",") if t.strip()] or None
+    except ValueError as exc:
+        raise UserError(f"task.task_types: {exc}") from None
+    try:
+        root = games_root or ensure_games(n_per_type=n_per_type, n_eval_per_type=n_eval_per_type, seed=seed,
+                                          n_receptacles=receptacles, n_distractors=distractors,
+                                          task_types=tuple(types or TASK_TYPES))
         train, held_out = list_games(root, train_split, types), list_games(root, eval_split, types)
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(f"task.games_root: {exc}") from exc

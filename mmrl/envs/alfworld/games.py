@@ -97,26 +97,32 @@ def list_games(root: str | Path | None = None, split: str = "train",
     return games
 
 
-def _set_name(n_per_type: int, n_eval_per_type: int, seed: int, n_receptacles: int, n_distractors: int) -> str:
-    return (f"generated-v{GENERATOR_VERSION}-seed{seed}-n{n_per_type}-e{n_eval_per_type}"
+def _set_name(n_per_type: int, n_eval_per_type: int, seed: int, n_receptacles: int, n_distractors: int,
+              task_types: tuple[str, ...]) -> str:
+    name = (f"generated-v{GENERATOR_VERSION}-seed{seed}-n{n_per_type}-e{n_eval_per_type}"
             f"-r{n_receptacles}-d{n_distractors}")
+    if set(task_types) != set(TASK_TYPES):  # a subset names its types; the full set keeps its shorter name
+        name += "-" + "+".join(sorted(task_types))
+    return name
 
 
 def ensure_games(root: str | Path | None = None, n_per_type: int = 4, seed: int = 0, *, n_eval_per_type: int = 1,
-                 n_receptacles: int = 8, n_distractors: int = 4) -> Path:
+                 n_receptacles: int = 8, n_distractors: int = 4, task_types: tuple[str, ...] = TASK_TYPES) -> Path:
     """The root of a generated game set (contains ``json_2.1.1``), built on first use; pass it to list_games.
 
     ``root`` is where sets are kept (default ``$MMRL_CACHE/alfworld``); each set lives in its own sub-directory named
-    after the arguments. Building costs about 0.5-1 s per game on one core.
+    after the arguments. Building costs about 0.5-1 s per game on one core. Each game is seeded by (seed, split, task
+    type, index), so a set with fewer training games per type holds the same held-out games.
     """
     from mmrl.envs.alfworld.generate import generate_games
 
+    task_types = tuple(dict.fromkeys(official_task_type(t) for t in task_types))
     parent = Path(root) if root is not None else cache_root() / "alfworld"
-    target = parent / _set_name(n_per_type, n_eval_per_type, seed, n_receptacles, n_distractors)
+    target = parent / _set_name(n_per_type, n_eval_per_type, seed, n_receptacles, n_distractors, task_types)
 
     def build(directory: Path) -> None:
         paths = generate_games(directory, n_per_type=n_per_type, n_eval_per_type=n_eval_per_type, seed=seed,
-                               n_receptacles=n_receptacles, n_distractors=n_distractors)
+                               task_types=task_types, n_receptacles=n_receptacles, n_distractors=n_distractors)
         (directory / _COMPLETE).write_text(f"{len(paths)} games\n")
 
     return build_once(target, build, _COMPLETE)
