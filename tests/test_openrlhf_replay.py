@@ -149,6 +149,21 @@ def test_the_generator_asks_fewer_responses_of_stored_prompts_and_completes_thei
     assert gen.asked == [("A", 3), ("B", 3), ("C", 3)] and len(evaluation) == 9
 
 
+def test_the_step_budget_counts_steps_not_the_end_of_each_pass_over_the_prompts():
+    """A prompt set smaller than the run is passed over several times (OpenRLHF's episodes); the call that finds a
+    pass exhausted returns no samples and must not use up one of ``run.steps``."""
+    args = SimpleNamespace(rollout=SimpleNamespace(batch_size=2, n_samples_per_prompt=N, vllm_generate_batch_size=2),
+                           vllm=SimpleNamespace(enable_sleep=False),
+                           algo=SimpleNamespace(dynamic_filtering_enable=False))
+    gen = ScriptedGenerator(strategy=SimpleNamespace(args=args), prompts_dataloader=[("data", ["A", "B"], ["a", "b"],
+                                                                                      [None] * 2)],
+                            eval_dataloader=[], tokenizer=None, vllm_engines=[], group_size=N, valid_threshold=0.0,
+                            max_resample=0, max_steps=2)
+    gen.asked = []
+    sizes = [len(gen.generate_samples()[0]) for _ in range(4)]
+    assert sizes == [2 * N, 0, 2 * N, 0] and gen.steps_done == 2
+
+
 class MakerOnOneActor(MmrlExperienceMaker):
     """mmrl's experience maker with π_old computed in this process by OpenRLHF's ``Actor`` forward (what the policy
     actors run) of ``policy``."""

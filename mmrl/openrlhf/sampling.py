@@ -50,11 +50,12 @@ class MmrlSamplesGenerator(SamplesGenerator):
     def generate_samples(self, **generate_kwargs):
         if self.max_steps and self.steps_done >= self.max_steps:
             return [], 1.0, 0, True
-        self.steps_done += 1
         if self.replay is not None:
             self.replay.start_step()
         samples, pass_rate, consumed, exhausted = self.generate_round(**generate_kwargs)
         self.resample_rounds = 0
+        if samples:  # the call that ends each pass over the prompt set returns none: it is not a step
+            self.steps_done += 1
         if self.valid_threshold <= 0 or not samples:
             return samples, pass_rate, consumed, exhausted
         groups = split_groups(samples, self.group_size)
