@@ -14,17 +14,20 @@ ZeRO-2 on gloo, checkpoints and ``--resume``; rollouts come from the HF rollout 
   equal what ``mmrl.algos`` -- the local trainer's code -- computes on the whole step that rank's share came from,
   and GVPO's groups arrive whole on one rank (its group moments are then the whole group's).
 
-Five runs, because each costs a Ray job's start-up (every actor imports torch, DeepSpeed and OpenRLHF; ~1 min on
+Six runs, because each costs a Ray job's start-up (every actor imports torch, DeepSpeed and OpenRLHF; ~1 min on
 2 cores): GRPO (with its reference model) and Dr.GRPO on the embedded text model; GVPO on it with 2 policy ranks (its
-groups must arrive whole on one rank); GPG on it, resumed to step 3. The vision task (GeoQA, the embedded Qwen2.5-VL),
-ALFWorld on 2 policy ranks with the env pool, CW-GRPO and GMPO run in tests/test_recipes.py, as one step of each
-paper recipe (the same checks, plus the recipe's own objective, schedule and evaluation sets).
+groups must arrive whole on one rank), once more with historical replay for 3 steps; GPG on it, resumed to step 3.
+The vision task (GeoQA, the embedded Qwen2.5-VL), ALFWorld on 2 policy ranks with the env pool, CW-GRPO and GMPO run
+in tests/test_recipes.py, as one step of each paper recipe (the same checks, plus the recipe's own objective, schedule
+and evaluation sets).
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
-from rehearsal_run import check_run, check_statistics, rehearse
+from rehearsal_run import check_run, check_statistics, rehearse, step_items, step_records
 
 pytestmark = pytest.mark.slow
 SMALL = ["--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "8", "--rollout.max_new_tokens", "8",
@@ -48,3 +51,35 @@ def test_rehearsal_of_gpg_resumes_to_step_3(ray_address, tmp_path):
     rehearse(ray_address, out, "--resume", "--steps", "3")
     check_run(out, 3)
     check_statistics(out, "gpg", 3, 8)
+
+
+def test_rehearsal_of_gvpo_replays_each_prompts_latest_responses(ray_address, tmp_path):
+    """``--rollout.replay_historical 2`` on 2 policy ranks for 3 steps. The split keeps 3 problems for training, so
+    every step trains the same 2 prompts: from step 2 on each group holds 6 fresh responses and, after them, the 2
+    most recent fresh responses of its prompt from earlier steps, with their rewards."""
+    out, k = tmp_path / "gvpo_replay", 2
+    rehearse(ray_address, out, "--algo", "gvpo", "--task", "arithmetic", "--task.max_operand", "1", "--steps", "3",
+             "--rollout.replay_historical", str(k), "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
+             *SMALL)
+    check_run(out, 3)
+    check_statistics(out, "gvpo", 3, 8)
+    history: dict[tuple, list[tuple[tuple, float]]] = {}  # each prompt's fresh responses (tokens, reward), in order
+    for step in (1, 2, 3):
+        groups = [(it["sequences"][i], it["attention_mask"][i], it["action_mask"][i], float(it["rewards"][i]))
+                  for share in step_items(out, step).values() for it in share for i in range(len(it["rewards"]))]
+        assert len(groups) == 16
+        for start in range(0, 16, 8):
+            rows = []
+            for sequence, attention, action, reward in groups[start:start + 8]:
+                prompt_end = int(action.nonzero()[0]) + 1
+                rows.append((tuple(sequence[:prompt_end].tolist()),
+                             tuple(sequence[prompt_end:][attention[prompt_end:] > 0].tolist()), reward))
+            prompt = rows[0][0]
+            assert all(r[0] == prompt for r in rows)  # one prompt per group
+            past = history.get(prompt, [])
+            replayed = rows[8 - k:] if step > 1 else []
+            assert [(r[1], r[2]) for r in replayed] == past[-k:] if step > 1 else not past
+            history.setdefault(prompt, []).extend((r[1], r[2]) for r in rows[:8 - k if step > 1 else 8])
+    records = step_records(out)
+    assert [r["replay/responses"] for r in records] == [0, 2 * k, 2 * k]
+    assert all(math.isfinite(r["replay/logprob_shift"]) for r in records[1:])

@@ -37,8 +37,6 @@ UNSUPPORTED = {
                         "OpenRLHF's actor only adds the model's own aux (load-balancing) loss"),
     "moe.routing_replay": ("moe.routing_replay", lambda c: c.moe.routing_replay,
                            "vLLM does not return the experts it routed to; docs/moe.md says what replay needs"),
-    "rollout.replay_historical": ("rollout.replay_historical", lambda c: c.rollout.replay_historical > 0,
-                                  "GVPO's historical replay needs a per-prompt response store across steps"),
     "run.track_kl_to_init": ("run.track_kl_to_init", lambda c: c.run.track_kl_to_init,
                              "it would build a reference model only for a metric"),
 }

@@ -47,6 +47,8 @@ def whole_batch_advantages(algo: algos.Algorithm, experiences: list) -> tuple[to
 class MmrlExperienceMaker(RemoteExperienceMaker):
     """Group ids on the rollout samples, then mmrl's advantages and statistics instead of OpenRLHF's estimators."""
 
+    replay = None  # GVPO's historical replay (mmrl.openrlhf.replay.SampleReplay): told each step's π_old
+
     def __init__(self, *args, mmrl_spec: dict[str, Any], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.algo = algos.get(mmrl_spec["algo"], **mmrl_spec["params"])
@@ -56,6 +58,13 @@ class MmrlExperienceMaker(RemoteExperienceMaker):
         for sample, gid in zip(rollout_samples, rollout_group_ids(len(rollout_samples), self.group_size), strict=True):
             sample.info[GROUP_KEY] = gid.reshape(1)
         return super().split_rollout_samples(rollout_samples)
+
+    @torch.no_grad()
+    def make_experience_batch(self, rollout_samples):
+        experiences = super().make_experience_batch(rollout_samples)
+        if self.replay is not None:
+            self.replay.record_logprobs(rollout_samples, experiences)
+        return experiences
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences):

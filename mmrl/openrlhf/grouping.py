@@ -57,3 +57,18 @@ def loss_scale(mass: float, total_mass: float, dp_size: int, grad_accum: int) ->
     """Weight of one micro-batch's (mean) loss so that DeepSpeed's ``1/gas`` and ``1/dp`` averaging give the
     ``loss_mass``-weighted mean over the optimizer step (0 when the step carries no loss at all)."""
     return mass / total_mass * dp_size * grad_accum if total_mass > 0 else 0.0
+
+
+def runs_of_groups(keys: list, size_of) -> list[tuple[int, int]]:
+    """``(start, end)`` of each group in samples whose groups are consecutive runs of one prompt ``key``, the run
+    starting at a sample of prompt ``x`` holding ``size_of(x)`` samples (GVPO's replay asks the engines for fewer
+    responses of a prompt that has stored ones). A run that overruns the samples or mixes prompts is an error."""
+    spans, at = [], 0
+    while at < len(keys):
+        size = size_of(keys[at])
+        end = at + size
+        if size < 1 or end > len(keys) or any(k != keys[at] for k in keys[at:end]):
+            raise ValueError(f"rollout samples {at}..{end - 1} are not one group of {size} responses to one prompt")
+        spans.append((at, end))
+        at = end
+    return spans

@@ -42,6 +42,7 @@ from mmrl.openrlhf.evaluation import set_spec
 from mmrl.openrlhf.rehearsal import FLAGS as REHEARSAL_FLAGS
 from mmrl.openrlhf.rehearsal import LOG_DIR as REHEARSAL_LOG_DIR
 from mmrl.openrlhf.rehearsal import gpu_note as rehearsal_gpu_note
+from mmrl.openrlhf.replay import check_replay_flags
 from mmrl.openrlhf.reward import reward_file_text
 from mmrl.trainer.build import build_algorithm, build_task
 from mmrl.trainer.config import TrainConfig, validate
@@ -109,11 +110,12 @@ def algorithm_spec(cfg: TrainConfig, algo: algos.Algorithm) -> dict[str, Any]:
 def run_spec(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     """What the actors need of the run beside the objective: where ``metrics.jsonl`` goes and whether it continues an
     earlier run's lines, the step budget (rollout steps, and optimizer steps: the lr schedule's length), and the env
-    pool size of multi-turn rollouts (``rollout.env_workers``), and whether the rehearsal's rollout actors may run the
-    model's own code (``model.trust_remote_code``)."""
+    pool size of multi-turn rollouts (``rollout.env_workers``), whether the rehearsal's rollout actors may run the
+    model's own code (``model.trust_remote_code``), and GVPO's replayed responses per group
+    (``rollout.replay_historical``)."""
     return {"metrics_path": str(out / "metrics.jsonl"), "resume": cfg.run.resume, "steps": cfg.run.steps,
             "optimizer_steps": optimizer_steps(cfg), "env_workers": cfg.rollout.env_workers,
-            "trust_remote_code": cfg.model.trust_remote_code}
+            "trust_remote_code": cfg.model.trust_remote_code, "replay_historical": cfg.rollout.replay_historical}
 
 
 def check_devices(cfg: TrainConfig) -> str | None:
@@ -253,6 +255,7 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     argv = to_argv(flags)
     args, notes = parse_openrlhf_args(argv)
     check_supported(args)
+    check_replay_flags(args, cfg.rollout.replay_historical)
 
     def write_files() -> None:  # only once everything is checked: a refused launch leaves nothing behind
         annotate = vision_annotator(path) if most else None

@@ -8,8 +8,8 @@ Beside the run's ``metrics.jsonl`` and checkpoints, each policy rank writes unde
 * ``objective.jsonl`` (rank 0, a line per process): the objective the policy's loss function calls (name and every
   hyper-parameter), to check that a recipe's objective is the one that trained;
 * ``rank{r}_step{k}.pt``: the experiences OpenRLHF shipped to this rank for rollout step ``k`` (group ids, rewards,
-  advantages, π_old log-probs, masks and the whole-batch statistics mmrl's experience maker attached), so that the
-  statistics each rank trains with can be checked against the local trainer's on the whole step.
+  advantages, π_old log-probs, tokens, masks and the whole-batch statistics mmrl's experience maker attached), so
+  that the statistics each rank trains with can be checked against the local trainer's on the whole step.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class RehearsalPolicyModelActor(MmrlPolicyModelActor):
             "rewards": experience.rewards.reshape(-1).clone(),
             "advantages": experience.advantages.clone(),
             "old_logprobs": experience.action_log_probs.clone(),
+            "sequences": experience.sequences.clone(), "attention_mask": experience.attention_mask.clone(),
             "action_mask": experience.action_mask.clone(),
             "stats": {k[len(STATS_PREFIX):]: v.reshape(-1).clone() for k, v in experience.info.items()
                       if k.startswith(STATS_PREFIX)},

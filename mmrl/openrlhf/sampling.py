@@ -8,6 +8,9 @@ valid ones first, then all-equal ones from the last round, exactly as the local 
 
 Communication: none beyond the generation itself; the decision reads the rewards the engines already return to the
 PPO trainer actor. Cost: each extra round is one more full generation pass over ``rollout.batch_size`` prompts.
+
+With GVPO's historical replay (``replay``, a `mmrl.openrlhf.replay.SampleReplay`), each round asks the engines for
+fewer responses of the prompts that have stored ones and completes those groups with replayed samples.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ def keep_valid_first(valid: list[list], last_round: list[list], target: int) -> 
 
 class MmrlSamplesGenerator(SamplesGenerator):
     def __init__(self, *args, group_size: int, valid_threshold: float, max_resample: int, max_steps: int = 0,
-                 **kwargs) -> None:
+                 replay=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.replay, self.training_round = replay, False
         self.group_size, self.valid_threshold, self.max_resample = group_size, valid_threshold, max_resample
         self.resample_rounds = 0  # of the last step, for logging
         # run.steps: OpenRLHF's loop runs until its (repeated) prompt set is used up, which can be more steps than
@@ -46,9 +50,12 @@ class MmrlSamplesGenerator(SamplesGenerator):
     def generate_samples(self, **generate_kwargs):
         if self.max_steps and self.steps_done >= self.max_steps:
             return [], 1.0, 0, True
-        self.steps_done += 1
-        samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
+        if self.replay is not None:
+            self.replay.start_step()
+        samples, pass_rate, consumed, exhausted = self.generate_round(**generate_kwargs)
         self.resample_rounds = 0
+        if samples:  # the call that ends each pass over the prompt set returns none: it is not a step
+            self.steps_done += 1
         if self.valid_threshold <= 0 or not samples:
             return samples, pass_rate, consumed, exhausted
         groups = split_groups(samples, self.group_size)
@@ -56,7 +63,7 @@ class MmrlSamplesGenerator(SamplesGenerator):
         valid = [g for g in groups if group_is_valid(g)]
         while len(valid) < self.valid_threshold * target and self.resample_rounds < self.max_resample and not exhausted:
             self.resample_rounds += 1
-            more, _, more_consumed, exhausted = super().generate_samples(**generate_kwargs)
+            more, _, more_consumed, exhausted = self.generate_round(**generate_kwargs)
             consumed += more_consumed
             if not more:
                 break
@@ -67,3 +74,28 @@ class MmrlSamplesGenerator(SamplesGenerator):
                         len(valid), target, self.resample_rounds, self.valid_threshold)
         kept = keep_valid_first(valid, last, target)
         return [s for g in kept for s in g], pass_rate, consumed, exhausted
+
+    def generate_round(self, **generate_kwargs):
+        """One round of OpenRLHF's generation; with replay, each group completed by its replayed samples."""
+        if self.replay is None:
+            return super().generate_samples(**generate_kwargs)
+        self.training_round = True  # evaluation dispatches through the same method and replays nothing
+        try:
+            samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
+        finally:
+            self.training_round = False
+        return self.replay.mix(samples), pass_rate, consumed, exhausted
+
+    def _dispatch_prompts_to_vllm(self, prompts, labels, *, images=None, **generate_kwargs):
+        """OpenRLHF's dispatch, once per distinct number of fresh responses its prompts ask for."""
+        if not self.training_round:
+            return super()._dispatch_prompts_to_vllm(prompts, labels, images=images, **generate_kwargs)
+        counts = [self.replay.fresh_count(p, lab) for p, lab in zip(prompts, labels, strict=True)]
+        refs = []
+        for n in sorted(set(counts)):
+            rows = [i for i, c in enumerate(counts) if c == n]
+            refs += super()._dispatch_prompts_to_vllm(
+                [prompts[i] for i in rows], [labels[i] for i in rows],
+                images=None if images is None else [images[i] for i in rows],
+                **{**generate_kwargs, "n_samples_per_prompt": n})
+        return refs

@@ -19,6 +19,7 @@ import mmrl.algos as algos
 from mmrl.openrlhf.evaluation import average, set_generate_kwargs, set_metrics
 from mmrl.openrlhf.experience import MmrlExperienceMaker
 from mmrl.openrlhf.metrics import StepMetrics
+from mmrl.openrlhf.replay import SampleReplay
 from mmrl.openrlhf.sampling import MmrlSamplesGenerator
 
 
@@ -33,10 +34,14 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
                                                     mmrl_spec=spec)
         # always mmrl's generator: it stops at run.steps; it resamples only when the objective has a rule
         rule = algos.get(spec["algo"], **spec["params"]).resampling()
+        replayed = int(spec.get("replay_historical", 0))
+        replay = SampleReplay(spec["samples_per_prompt"], replayed) if replayed else None
+        self.experience_maker.replay = replay
         self.samples_generator = MmrlSamplesGenerator(
             strategy=strategy, prompts_dataloader=self.prompts_dataloader, eval_dataloader=self.eval_dataloader,
             tokenizer=self.tokenizer, vllm_engines=vllm_engines, group_size=spec["samples_per_prompt"],
-            valid_threshold=rule.valid_fraction, max_resample=rule.max_rounds, max_steps=int(spec.get("steps", 0)))
+            valid_threshold=rule.valid_fraction, max_resample=rule.max_rounds, max_steps=int(spec.get("steps", 0)),
+            replay=replay)
         self.metrics = StepMetrics(spec["metrics_path"], resume=bool(spec.get("resume")))
         self._eval_set_loaders: dict[str, object] = {}
 
@@ -46,6 +51,12 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
         the prompts cover more than ``run.steps`` (GPG's resampling reserve, whole episodes): a linear or cosine
         schedule would then stop short of its end."""
         return int(self.strategy.args.mmrl["optimizer_steps"])
+
+    def _compute_rollout_stats(self, experiences):
+        """OpenRLHF's rollout statistics, and the replay's of this step (``replay/*``) when GVPO replays."""
+        stats = super()._compute_rollout_stats(experiences)
+        replay = self.experience_maker.replay
+        return {**stats, **replay.metrics} if replay is not None else stats
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         self.metrics.write(global_step, logs_dict or {})

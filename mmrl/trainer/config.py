@@ -126,7 +126,9 @@ class RolloutConfig:
     generation_batch_size: int = setting(128, "responses generated in one batch", at_least(1))
     sampler: str = setting("mmrl", "mmrl: one pre-fill per distinct prompt, finished rows leave the batch; hf: "
                            "transformers' generate. Prompts with images always use generate", one_of(SAMPLERS))
-    replay_historical: int = setting(0, "GVPO's off-policy pi_s: responses per group replayed from earlier steps",
+    replay_historical: int = setting(0, "GVPO's off-policy pi_s: responses per group replayed from earlier steps; "
+                                     "each prompt keeps its last samples_per_prompt responses (memory: at most "
+                                     "samples_per_prompt responses per training row), on either backend",
                                      Range("must be >= 0 and < rollout.samples_per_prompt",
                                            lambda v, cfg: 0 <= v < cfg.rollout.samples_per_prompt))
     # multi-turn tasks also check it against the first prompt and max_new_tokens at start (check_episode_budget)

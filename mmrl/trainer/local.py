@@ -43,6 +43,7 @@ from mmrl.batch import Group, Response, RolloutBatch, collate
 from mmrl.errors import Interrupted, UserError, checkpoint_note
 from mmrl.models import load_tokenizer
 from mmrl.models.lora import FrozenBase, add_lora, load_policy_weights, policy_weights
+from mmrl.replay import ReplayStore
 from mmrl.rewards.base import RewardResult
 from mmrl.samples import SAMPLES_FILE, RunSamples, group_records
 from mmrl.tasks import Task
@@ -114,29 +115,19 @@ class PromptSampler:
         self.order, self.pos = state["order"], state["pos"]
 
 
-class ReplayHistory:
-    """GVPO's off-policy π_s: the most recent scored responses of each prompt, replayed into later groups."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.by_sample: dict[int, deque[Response]] = {}
+class ReplayHistory(ReplayStore[Response]):
+    """GVPO's off-policy π_s: the most recent scored responses of each prompt (its training-split row), replayed into
+    later groups by the rule of `mmrl.replay`, which the openrlhf backend follows too."""
 
     def take(self, sample_index: int, k: int) -> list[Response]:
-        past = self.by_sample.get(sample_index, deque())
-        if k == 0 or len(past) < k:
-            return []
-        return [dataclasses.replace(r, historical=True) for r in list(past)[-k:]]
-
-    def add(self, sample_index: int, responses: list[Response]) -> None:
-        if self.capacity:
-            self.by_sample.setdefault(sample_index, deque(maxlen=self.capacity)).extend(responses)
+        return [dataclasses.replace(r, historical=True) for r in super().take(sample_index, k)]
 
     def state_dict(self) -> dict[int, list[dict[str, Any]]]:
         """Each prompt's responses as plain fields (a checkpoint stores JSON values, not objects)."""
-        return {k: [dataclasses.asdict(r) for r in v] for k, v in self.by_sample.items()}
+        return {k: [dataclasses.asdict(r) for r in v] for k, v in self.by_prompt.items()}
 
     def load_state_dict(self, state: dict[int, list[dict[str, Any]]]) -> None:
-        self.by_sample = {k: deque((_response(r) for r in v), maxlen=self.capacity) for k, v in state.items()}
+        self.by_prompt = {k: deque((_response(r) for r in v), maxlen=self.capacity) for k, v in state.items()}
 
 
 def _response(fields: dict[str, Any]) -> Response:
