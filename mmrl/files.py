@@ -32,12 +32,17 @@ def is_temporary_of(name: str, target: str) -> bool:
 def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
     """Replace ``path`` with ``text`` atomically (temporary file in the same folder, fsync, ``os.replace``). The
     file keeps its permissions; a new one gets the usual ones (0o666 less the umask)."""
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """`atomic_write_text` for bytes (a parquet table, an image)."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with open(fd, "w", encoding=encoding) as out:
-            out.write(text)
+        with open(fd, "wb") as out:
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
         if target.exists():

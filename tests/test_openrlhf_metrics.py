@@ -31,3 +31,14 @@ def test_one_line_per_step_with_its_evaluation(tmp_path):
     m.flush()
     got = lines(path)
     assert [r["step"] for r in got] == [1, 2] and got[1]["loss"] == 0.1 and math.isfinite(got[1]["reward"])
+
+
+def test_rollout_top_k_reaches_vllm_but_not_the_evaluation_sets():
+    """``rollout.top_k`` is vLLM's ``top_k`` in training (0, off, is vLLM's -1); each evaluation set samples as the
+    local backend evaluates, without it."""
+    from mmrl.openrlhf.evaluation import rollout_top_k, set_generate_kwargs
+
+    assert rollout_top_k({"top_k": 50}) == 50 and rollout_top_k({"top_k": 0}) == -1 and rollout_top_k({}) == -1
+    spec = {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 8, "samples": 2}
+    kwargs = set_generate_kwargs(spec, {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "max_len": 64})
+    assert kwargs["top_k"] == -1 and kwargs["temperature"] == 0.6 and kwargs["max_len"] == 64

@@ -83,6 +83,7 @@ def test_gpg_geoqa_recipe_dry_run(tmp_path, capsys):
     assert cfg.algo.params["loss_agg"] == "seq_mean_token_mean"  # the authors' GeoQA trainer
     assert "--algo.kl.use_loss" not in out  # GPG keeps no reference model
     assert _flag(out, "ds.zero_stage") == "3"
+    assert "rollout sampling: temperature 1.0, top_p 1.0, top_k 50" in out  # the authors' transformers default
 
 
 def test_gvpo_math_recipe_dry_run(tmp_path, capsys):
@@ -215,13 +216,16 @@ def _check_recipe_step(out: Path, cfg, recipe_cfg, stdout: str, rows_per_set: di
         scheduler.step()
     assert step["actor_lr"] == pytest.approx(scheduler.get_last_lr()[0], abs=1e-12)
     assert cfg.optim.schedule == recipe_cfg.optim.schedule and cfg.optim.lr == recipe_cfg.optim.lr
-    # every evaluation set of the recipe ran, on all its problems, with its own metric
+    # every evaluation set of the recipe ran, on all its problems, with its own metric: at step 0 (the base model,
+    # before any update: the paper's base row) and after the last step
     assert [s["name"] for s in cfg.evaluation.sets] == [s["name"] for s in recipe_cfg.evaluation.sets]
     evaluation = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval/average" in r]
-    assert len(evaluation) == 1
-    for s in cfg.evaluation.sets:
-        assert evaluation[0][f"eval/{s['name']}/problems"] == rows_per_set[s["name"]]
-        assert math.isfinite(evaluation[0][f"eval/{s['name']}/{s['metric']}"])
+    assert recipe_cfg.run.eval_every > 0 and [r["step"] for r in evaluation] == [0, 1]
+    assert "loss" not in evaluation[0]  # step 0 trained nothing
+    for record in evaluation:
+        for s in cfg.evaluation.sets:
+            assert record[f"eval/{s['name']}/problems"] == rows_per_set[s["name"]]
+            assert math.isfinite(record[f"eval/{s['name']}/{s['metric']}"])
     return step
 
 

@@ -131,3 +131,33 @@ def chi_square_p_value(statistic: float, df: int) -> float:
     """Upper tail of the chi-square distribution (Wilson-Hilferty cube-root normal approximation; good for df > 20)."""
     z = ((statistic / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@pytest.mark.parametrize("top_k", [1, 3, 40])
+def test_draw_tokens_top_k_is_transformers_top_k(top_k):
+    """The distribution a token is drawn from under ``top_k`` (with temperature and top_p, in transformers' order) is
+    the one transformers' own warpers give, ties at the k-th score kept; a token outside it is never drawn."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 50)
+    logits[:, 7] = logits[:, 8]  # a tie, to be kept together
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(top_k), TopPLogitsWarper(0.9)])
+    expected = torch.log_softmax(warpers(None, logits.clone()), -1)
+    tokens, logprobs = draw_tokens(logits, 0.7, 0.9, top_k)
+    assert torch.isfinite(expected.gather(-1, tokens[:, None])).all()
+    assert torch.allclose(logprobs, expected.gather(-1, tokens[:, None]).squeeze(-1), atol=1e-5)
+
+
+def test_top_k_one_is_greedy_on_both_samplers(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    prompts = prompts_of(tok, *CONTENTS)
+    greedy = [r.token_ids for r in generate(model, tok, prompts, 8, 0.0, 1.0)]
+    for sampler in ("mmrl", "hf"):
+        torch.manual_seed(1)
+        assert [r.token_ids for r in generate(model, tok, prompts, 8, 1.0, 1.0, sampler=sampler, top_k=1)] == greedy

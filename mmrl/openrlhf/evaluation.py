@@ -23,9 +23,15 @@ def set_spec(s: EvalSet, file: str, max_new_tokens: int) -> dict[str, Any]:
             "max_new_tokens": max_new_tokens, "metric": c.metric, "correct_key": CORRECT_KEYS[s.task.multi_turn]}
 
 
+def rollout_top_k(spec: dict[str, Any]) -> int:
+    """``rollout.top_k`` as vLLM's ``SamplingParams.top_k`` (-1 = off; mmrl's 0 = off)."""
+    return int(spec.get("top_k", 0)) or -1
+
+
 def set_generate_kwargs(spec: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """OpenRLHF's generate kwargs for one set: the run's, with the set's sampling (temperature 0 = greedy in vLLM)."""
-    return {**base, "temperature": spec["temperature"], "top_p": spec["top_p"],
+    """OpenRLHF's generate kwargs for one set: the run's, with the set's sampling (temperature 0 = greedy in vLLM);
+    no top-k, as the local backend evaluates (the rollout's ``rollout.top_k`` is for training)."""
+    return {**base, "top_k": -1, "temperature": spec["temperature"], "top_p": spec["top_p"],
             "max_new_tokens": spec["max_new_tokens"], "n_samples_per_prompt": spec["samples"]}
 
 

@@ -271,6 +271,7 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
 
     if write:
         write_files()
+    spec["top_k"] = cfg.rollout.top_k  # the rollout's; evaluations sample without (mmrl.openrlhf.evaluation)
     spec["eval_sets"] = [set_spec(s, files[f"eval_{s.name}"], s.max_new_tokens(cfg)) for s in eval_sets]
     args.mmrl = {**spec, **run_spec(cfg, out)}
     return Launch(argv, args, notes, files, write_files, checks)
@@ -306,6 +307,8 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
         "actor, PPO trainer, experience maker and loss are mmrl.openrlhf's subclasses)",
         f"objective: {spec['algo']} {json.dumps(spec['params'])}",
         f"task: {cfg.task.name} {json.dumps(cfg.task.options)}",
+        f"rollout sampling: temperature {cfg.rollout.temperature}, top_p {cfg.rollout.top_p}, "
+        f"top_k {cfg.rollout.top_k or 'off'}",
         f"ray: {cfg.cluster.ray_address or 'local (ray.init(), listening on 127.0.0.1 only)'}",
         *(["mode: CPU rehearsal (HF rollout actors behind the vLLM interface, gloo weight sync, sdpa; "
            "docs/cluster.md)"] if cfg.cluster.rehearsal else []),

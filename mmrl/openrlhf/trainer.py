@@ -64,17 +64,20 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
     def fit(self, global_step: int = 0) -> None:
-        """OpenRLHF's loop, then what the local trainer does after its last step and OpenRLHF's loop may not: an
-        evaluation (``run.eval_every 0`` means "only at the end"; OpenRLHF's ``--eval.steps -1`` means never) and a
-        checkpoint (so that ``--resume`` can continue any finished run)."""
-        self.samples_generator.steps_done = int(self.init_checkpoint_states()["global_step"]) or global_step
+        """OpenRLHF's loop, with what the local trainer does and OpenRLHF's loop does not: with ``run.eval_every`` >
+        0, an evaluation of the model before its first update (step 0: the base model's row beside the trained one);
+        after the last step, an evaluation (``run.eval_every 0`` means "only at the end"; OpenRLHF's ``--eval.steps
+        -1`` means never) and a checkpoint (so that ``--resume`` can continue any finished run)."""
+        start = int(self.init_checkpoint_states()["global_step"]) or global_step
+        self.samples_generator.steps_done = start
+        if not start and self.eval_dataloader and self.args.eval.steps > 0:
+            self.evaluate(0, **self._eval_generate_kwargs())
         super().fit(global_step)
         last = self.metrics.last_step
         if not last:
             return
         if self.eval_dataloader and last % self.args.eval.steps:
-            self.evaluate(last, **{**self.generate_kwargs, "temperature": self.args.eval.temperature,
-                                   "n_samples_per_prompt": self.args.eval.n_samples_per_prompt})
+            self.evaluate(last, **self._eval_generate_kwargs())
         self.metrics.flush()
         if last % self.args.ckpt.save_steps:
             states = {**self.last_client_states, "best_eval_metric_key": self.best_eval_metric_key,
@@ -82,6 +85,12 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
                       "latest_eval_metric_value": self._latest_eval_metric_value}
             ray.get(self.actor_model_group.async_run_method(method_name="save_checkpoint", tag=f"global_step{last}",
                                                             client_states=states))
+
+    def _eval_generate_kwargs(self) -> dict:
+        """OpenRLHF's evaluation sampling, as its loop builds it, without the rollout's top-k, as the local backend
+        evaluates (``evaluation.sets`` replace it set by set)."""
+        return {**self.generate_kwargs, "top_k": -1, "temperature": self.args.eval.temperature,
+                "n_samples_per_prompt": self.args.eval.n_samples_per_prompt}
 
     def _eval_set_loader(self, file: str):
         """A set's prompts as OpenRLHF builds its eval dataloader (``prepare_datasets``), once per file."""

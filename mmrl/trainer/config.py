@@ -123,6 +123,8 @@ class RolloutConfig:
     max_prompt_tokens: int = setting(512, "longest prompt in tokens; a longer one is an error naming it", at_least(1))
     temperature: float = setting(1.0, "sampling temperature", above(0, " (greedy groups have no variance)"))
     top_p: float = setting(1.0, "nucleus sampling threshold", unit_interval(open_low=True))
+    top_k: int = setting(0, "sample from the k most likely tokens only (after temperature, before top_p: "
+                         "transformers' and vLLM's order); 0: off", at_least(0, " (0: off)"))
     generation_batch_size: int = setting(128, "responses generated in one batch", at_least(1))
     sampler: str = setting("mmrl", "mmrl: one pre-fill per distinct prompt, finished rows leave the batch; hf: "
                            "transformers' generate. Prompts with images always use generate", one_of(SAMPLERS))

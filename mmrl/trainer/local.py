@@ -201,7 +201,7 @@ class Trainer:
         images = prompts_vision(todo) if self.vision_prompts is not None else None
         with self.autocast():
             fresh = generate(self.model, self.tokenizer, prompts, r.max_new_tokens, r.temperature, r.top_p,
-                             r.generation_batch_size, vision=images, sampler=r.sampler)
+                             r.generation_batch_size, vision=images, sampler=r.sampler, top_k=r.top_k)
         at = 0
         for g, n in todo:
             g.responses = fresh[at : at + n] + g.responses
@@ -661,9 +661,12 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if algo.on_policy_only and cfg.optim.epochs * cfg.optim.minibatches > 1:
         log.warning("%s has no importance ratio: with %d updates per rollout it is off-policy after the first",
                     algo.name, cfg.optim.epochs * cfg.optim.minibatches)
-    if cfg.rollout.top_p < 1:
-        log.warning("rollout.top_p < 1: responses are sampled from a truncated distribution but scored under the "
-                    "full one; ratio-free objectives (gpg, gvpo) get a biased gradient")
+    if cfg.rollout.top_k and task.multi_turn:
+        raise UserError("config: rollout.top_k is not available for multi-turn tasks on the local backend (its "
+                         "episode sampler draws from the tempered policy and top_p only)")
+    if cfg.rollout.top_p < 1 or cfg.rollout.top_k:
+        log.warning("rollout.top_p < 1 or rollout.top_k > 0: responses are sampled from a truncated distribution but "
+                    "scored under the full one; ratio-free objectives (gpg, gvpo) get a biased gradient")
     owner = claim(cfg)  # locked for this run; refuses a foreign folder or a resume that changes what is trained
     try:
         return _build_claimed(cfg, task, eval_sets, algo, owner)

@@ -14,8 +14,10 @@ the log-prob recorded for a token is what re-scoring the finished response gives
 ``mmrl.trainer.rollout.response_logprobs``). Images need the Qwen-VL families' own input preparation (M-RoPE
 positions, pixel placement), so vision prompts keep ``generate`` (see ``mmrl.trainer.rollout.generate``).
 
-Sampling is the tempered policy (``logits / temperature``), with optional nucleus ``top_p`` (HF's rule: the smallest
-set of top tokens whose probability reaches ``top_p``), greedy at temperature 0; every other logits processor is off.
+Sampling is the tempered policy (``logits / temperature``), with optional ``top_k`` (the k highest tempered scores,
+ties kept, as transformers' ``TopKLogitsWarper``) and nucleus ``top_p`` (HF's rule: the smallest set of top tokens
+whose probability reaches ``top_p``), in transformers' order; greedy at temperature 0; every other logits processor is
+off.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import torch
 SAMPLERS = ("mmrl", "hf")
 
 
-def draw_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_tokens(logits: torch.Tensor, temperature: float, top_p: float,
+                top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A token per row from ``logits [B, V]``, and its log-prob under the distribution it was drawn from."""
     logits = logits.float()
     if temperature <= 0:
@@ -37,6 +40,9 @@ def draw_tokens(logits: torch.Tensor, temperature: float, top_p: float) -> tuple
         tokens = logprobs.argmax(-1)
         return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
     scores = logits / temperature
+    if 0 < top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
     if top_p < 1.0:
         ordered, order = scores.sort(-1, descending=False)
         cumulative = ordered.softmax(-1).cumsum(-1)
@@ -64,7 +70,7 @@ def _forward(model, **inputs):
 
 @torch.no_grad()
 def sample_texts(model, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 stop: Sequence[int], pad: int) -> list[SampledText]:
+                 stop: Sequence[int], pad: int, top_k: int = 0) -> list[SampledText]:
     """One sampled response per prompt (repeat a prompt to get a group), in the order of ``prompts``."""
     from transformers import DynamicCache
 
@@ -95,7 +101,7 @@ def sample_texts(model, prompts: Sequence[list[int]], max_new_tokens: int, tempe
     running = torch.arange(len(prompts), device=device)  # original index of each row still in the batch
     out = [SampledText([], [], truncated=True) for _ in prompts]
     for step in range(max_new_tokens):
-        tokens, logprobs = draw_tokens(logits, temperature, top_p)
+        tokens, logprobs = draw_tokens(logits, temperature, top_p, top_k)
         for i, t, lp in zip(running.tolist(), tokens.tolist(), logprobs.tolist(), strict=True):
             out[i].token_ids.append(t)
             out[i].logprobs.append(lp)

@@ -1,0 +1,20 @@
+#!/usr/bin/env python
+"""OlympiadBench's 675 English math problems (knoveleng/OlympiadBench), an evaluation set of the GVPO and CW-GRPO
+recipes.
+
+    python examples/cluster/prepare_olympiadbench.py --source DIR      (--help: the download and the checks)
+"""
+
+from __future__ import annotations
+
+from prepare_common import ANSWER, TEXT, Dataset, table_script
+
+DATASET = Dataset(
+    name="olympiadbench", hub="knoveleng/OlympiadBench", split="train", rows=675,
+    fields={"question": TEXT, "answer": ANSWER}, out="/data/benchmarks/olympiadbench.jsonl",
+    recipes="the GVPO and CW-GRPO recipes and their GRPO baselines (evaluation set olympiadbench)",
+    layout="hf download --repo-type dataset knoveleng/OlympiadBench --local-dir DIR: DIR/data/train-*.parquet "
+           "(or DIR/train.jsonl), columns question, answer, ...")
+
+if __name__ == "__main__":
+    table_script(DATASET)
