@@ -49,14 +49,16 @@ def machine() -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    """Versions of Python and of the libraries that move results: torch, transformers and (when imported) TRL."""
+    """Versions of Python and of the libraries that move results: torch, transformers and (when imported) the
+    trainers a benchmark compares with, TRL and verl."""
     import torch
     import transformers
 
     found = {"python": platform.python_version(), "torch": torch.__version__,
              "transformers": transformers.__version__}
-    if "trl" in sys.modules:
-        found["trl"] = sys.modules["trl"].__version__
+    for other in ("trl", "verl"):
+        if other in sys.modules:
+            found[other] = str(getattr(sys.modules[other], "__version__", "unknown"))
     return found
 
 
