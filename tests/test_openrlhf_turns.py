@@ -39,7 +39,7 @@ with openrlhf_importable():
     from mmrl.openrlhf.experience import MmrlExperienceMaker
     from mmrl.openrlhf.loss import sequence_advantages
     from mmrl.openrlhf.sampling import MmrlSamplesGenerator
-    from mmrl.openrlhf.turn_agent import TURNS_KEY, AgentExecutor
+    from mmrl.openrlhf.turns import TURNS_KEY, AgentExecutor
 
 AGENT = "embedded:tiny-qwen2-agent"
 GAMES, EPISODES, STEPS, MAX_LENGTH = 2, 3, 4, 4096
@@ -162,6 +162,10 @@ def test_the_launch_plays_the_turn_layout_and_counts_mini_batches_in_turns(tmp_p
             "--out", str(tmp_path / "r"), *[f"--task.{k}={v}" for k, v in TASK_OPTIONS.items()]]
     launch = resolve_launch(parse_config([*base, "--optim.minibatch_turns", "16"]), write=True)
     assert launch.args.train.agent_func_path.endswith("mmrl/openrlhf/turn_agent.py")
+    with openrlhf_importable():  # loaded by path, as OpenRLHF's rollout engine loads it
+        from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
+
+        assert isinstance(_load_agent_executor(launch.args.train.agent_func_path), AgentExecutor)
     assert launch.args.train.batch_size == 16  # turn-samples per optimizer step
     label = json.loads(json.loads(open(launch.files["train"]).readline())["label"])
     assert label["env"]["observation_mode"] == "window" and "system" in label  # the local backend's turn env

@@ -70,7 +70,7 @@ def _common_checks(out: str, cfg) -> None:
     assert _flag(out, "actor.lr_scheduler") == schedules[cfg.optim.schedule]
     assert float(_flag(out, "actor.min_lr_ratio")) == cfg.optim.min_lr_ratio
     responses = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-    assert _flag(out, "train.batch_size") == str(responses // cfg.optim.minibatches)
+    assert _flag(out, "train.batch_size") == str(cfg.optim.minibatch_turns or responses // cfg.optim.minibatches)
 
 
 def test_gpg_geoqa_recipe_dry_run(tmp_path, capsys):

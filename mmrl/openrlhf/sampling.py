@@ -9,7 +9,7 @@ valid ones first, then all-equal ones from the last round, exactly as the local 
 Communication: none beyond the generation itself; the decision reads the rewards the engines already return to the
 PPO trainer actor. Cost: each extra round is one more full generation pass over ``rollout.batch_size`` prompts.
 
-In the agent turn layout, the engines return each episode with its turns (mmrl/openrlhf/turn_agent.py): the episode
+In the agent turn layout, the engines return each episode with its turns (mmrl/openrlhf/turns.py): the episode
 is what resampling and OpenRLHF's buffering count, and once a step's episodes are final they become its turn rows,
 episode after episode, each with its group and step (:func:`mmrl.openrlhf.grouping.lay_out_turns`).
 """
@@ -21,7 +21,7 @@ import logging
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
 from mmrl.openrlhf.grouping import lay_out_turns
-from mmrl.openrlhf.turn_agent import STEP_FIELD, TURNS_KEY
+from mmrl.openrlhf.turns import STEP_FIELD, TURNS_KEY
 
 log = logging.getLogger("mmrl.openrlhf")
 
