@@ -181,3 +181,24 @@ def test_the_launch_plays_the_turn_layout_and_counts_mini_batches_in_turns(tmp_p
     assert [list(s) for s in rank_shares(5, 2)] == [[0, 1], [2, 3, 4]]
     with pytest.raises(ValueError, match="cannot give each of 4 policy ranks one"):
         rank_shares(3, 4)
+
+
+def test_a_rank_with_fewer_rows_runs_idle_micro_batches():
+    """Turn rows vary in number, so ranks may hold different numbers of micro-batches; each runs the most any rank
+    has, rounded up to whole optimizer steps, the missing ones without a trained token."""
+    from mmrl.openrlhf.grouping import padded_count
+
+    with openrlhf_importable():
+        from openrlhf.trainer.ppo_utils.experience import Experience
+
+        from mmrl.openrlhf.actor import MmrlActorPPOTrainer
+
+    assert (padded_count(5, 2), padded_count(6, 2), padded_count(1, 4)) == (6, 6, 4)
+    trainer = object.__new__(MmrlActorPPOTrainer)
+    trainer.micro_train_batch_size = 2
+    items = [Experience(sequences=torch.tensor([1, 2, 3]), attention_mask=torch.ones(3, dtype=torch.long),
+                        action_mask=torch.tensor([0, 1]), rewards=torch.tensor(1.0), info={GROUP_KEY: torch.tensor(g)})
+             for g in (0, 0, 1)]
+    batches = trainer.micro_batches(items, torch.Generator().manual_seed(0), 4)
+    assert sorted(int(b.action_mask.sum()) for b in batches) == [0, 0, 1, 2]
+    assert [int(b.action_mask.sum()) for b in batches[2:]] == [0, 0]  # the idle ones come last
