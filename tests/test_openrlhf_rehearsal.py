@@ -24,9 +24,11 @@ and evaluation sets).
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+import torch
 from rehearsal_run import check_run, check_statistics, rehearse, step_items, step_records
 
 pytestmark = pytest.mark.slow
@@ -83,3 +85,31 @@ def test_rehearsal_of_gvpo_replays_each_prompts_latest_responses(ray_address, tm
     records = step_records(out)
     assert [r["replay/responses"] for r in records] == [0, 2 * k, 2 * k]
     assert all(math.isfinite(r["replay/logprob_shift"]) for r in records[1:])
+
+
+def test_rehearsal_of_gigpo_in_the_turn_layout_on_two_ranks(ray_address, tmp_path):
+    """GiGPO on ALFWorld with every env step its own row (the local backend's window prompt), 2 policy ranks and 2
+    engines: each step's rows are turns of 2 games x 4 episodes, dealt to both ranks, with GiGPO's advantages."""
+    pytest.importorskip("alfworld")
+    out = tmp_path / "gigpo-turn"
+    rehearse(ray_address, out, "--algo", "gigpo", "--task", "alfworld", "--rollout.agent_layout", "turn",
+             "--model", "embedded:tiny-qwen2-agent", "--steps", "2", "--task.n_per_type", "1",
+             "--task.n_eval_per_type", "1", "--task.max_eval_games", "2", "--task.max_steps", "3",
+             "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "16",
+             "--optim.micro_batch_size", "2", "--optim.minibatch_turns", "8", "--cluster.gpus_per_node", "2",
+             "--cluster.vllm_engines", "2", "--run.eval_samples", "1", "--model.threads", "1")
+    check_run(out, 2, weights_show_step=False)  # GiGPO's step term moves weights even when returns are all equal
+    trained = [json.loads(line) for line in (out / "rehearsal" / "objective.jsonl").read_text().splitlines()]
+    assert [t["algo"] for t in trained] == ["gigpo"]
+    for step, record in enumerate(step_records(out), start=1):
+        shares = step_items(out, step)
+        assert sorted(shares) == [f"rank0_step{step}.pt", f"rank1_step{step}.pt"]  # both ranks got rows
+        items = [it for share in shares.values() for it in share]
+        rows = sum(it["rewards"].numel() for it in items)
+        assert rows == record["rollout/num_samples"] >= 2 * 4  # one row per turn of the 8 episodes
+        assert all(it["action_mask"].sum(1).max() <= 16 for it in items)  # a row is one turn (16 new tokens)
+        groups = torch.cat([it["group_ids"] for it in items])
+        assert set(groups.tolist()) <= {0, 1}
+        advantages = torch.cat([(it["advantages"] * it["action_mask"]).sum(1) / it["action_mask"].sum(1).clamp(min=1)
+                                for it in items])
+        assert torch.isfinite(advantages).all()

@@ -70,7 +70,7 @@ def _common_checks(out: str, cfg) -> None:
     assert _flag(out, "actor.lr_scheduler") == schedules[cfg.optim.schedule]
     assert float(_flag(out, "actor.min_lr_ratio")) == cfg.optim.min_lr_ratio
     responses = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-    assert _flag(out, "train.batch_size") == str(responses // cfg.optim.minibatches)
+    assert _flag(out, "train.batch_size") == str(cfg.optim.minibatch_turns or responses // cfg.optim.minibatches)
 
 
 def test_gpg_geoqa_recipe_dry_run(tmp_path, capsys):
@@ -109,17 +109,31 @@ def test_cw_grpo_openrs_recipe_dry_run(tmp_path, capsys):
     assert float(_flag(out, "algo.kl.init_coef")) == cfg.algo.params["kl_coef"]
 
 
+def _turn_layout_checks(out: str, cfg) -> None:
+    """verl-agent's per-turn settings reach the launch: every env step its own row (the turn agent executor, the
+    env's window prompt of the last 2 turns), 256 turn-samples per optimizer step, the entropy bonus, 50 steps."""
+    assert cfg.rollout.agent_layout == "turn" and _flag(out, "train.agent_func_path").endswith("turn_agent.py")
+    assert _flag(out, "train.batch_size") == "256" == str(cfg.optim.minibatch_turns)
+    assert float(_flag(out, "actor.entropy_coef")) == 0.001 == cfg.algo.params["entropy_coef"]
+    assert cfg.task.options["history_length"] == 2 and cfg.task.options["max_steps"] == 50
+    # The papers' runs = verl-agent's KL loss: a reference model is kept and its log-probs reach mmrl's loss
+    assert float(_flag(out, "algo.kl.init_coef")) == 0.01 and "--algo.kl.use_loss" in out
+
+
 @pytest.mark.slow
-def test_gmpo_alfworld_recipe_dry_run(tmp_path, capsys):
+@pytest.mark.parametrize("recipe", ["gmpo_alfworld_qwen2.5-1.5b-instruct", "gigpo_alfworld_qwen2.5-1.5b-instruct"])
+def test_alfworld_recipe_dry_run(recipe, tmp_path, capsys):
     pytest.importorskip("alfworld")
     games = recipe_data.alfworld_official_tree(tmp_path)
-    out, cfg = _dry_run("gmpo_alfworld_qwen2.5-1.5b-instruct", ["--task.games_root", games], tmp_path, capsys)
+    out, cfg = _dry_run(recipe, ["--task.games_root", games], tmp_path, capsys)
     _common_checks(out, cfg)
     _eval_checks(out, cfg)
     assert "evaluation set alfworld_valid_seen: 1 per problem, temperature 0.4, top_p 1.0, 512 new tokens" in out
-    assert _flag(out, "train.agent_func_path")
-    # The GMPO paper's App. D = verl-agent's KL loss: a reference model is kept and its log-probs reach mmrl's loss
-    assert float(_flag(out, "algo.kl.init_coef")) == 0.01 and "--algo.kl.use_loss" in out
+    _turn_layout_checks(out, cfg)
+    if cfg.algo.name == "gigpo":  # the paper's γ and ω, verl-agent's normalisation and exact anchor states
+        assert {k: cfg.algo.params[k] for k in ("gamma", "step_weight", "scale_by_std", "similarity")} == {
+            "gamma": 0.95, "step_weight": 1.0, "scale_by_std": True, "similarity": 1.0}
+        assert f'"episode_scope": "{cfg.algo.params["episode_scope"]}"' in out
 
 
 # --- one CPU rehearsal step of each recipe (--cluster.rehearsal true, docs/cluster.md) --------------------------------
@@ -197,7 +211,8 @@ def _check_recipe_step(out: Path, cfg, recipe_cfg, stdout: str, rows_per_set: di
     assert [t["algo"] for t in trained] == [recipe_cfg.algo.name]
     assert trained[0]["params"] == dataclasses.asdict(algo)
     assert {k: trained[0]["params"][k] for k in recipe_cfg.algo.params} == recipe_cfg.algo.params
-    check_statistics(out, algo.name, 1, cfg.rollout.samples_per_prompt, recipe_cfg.algo.params)
+    if cfg.rollout.agent_layout == "episode":  # turn rows: tests/test_openrlhf_turns.py checks their advantages
+        check_statistics(out, algo.name, 1, cfg.rollout.samples_per_prompt, recipe_cfg.algo.params)
     # the rewards differed within some group, so the step had a gradient, and the objective's value is the one
     # mmrl.algos gives on the step's experiences
     step = step_records(out)[0]
@@ -277,22 +292,22 @@ def test_cw_grpo_openrs_recipe_rehearsal_step(ray_address, tmp_path):
 
 
 @pytest.mark.slow
-def test_gmpo_alfworld_recipe_rehearsal_step(ray_address, tmp_path):
+@pytest.mark.parametrize("recipe", ["gmpo_alfworld_qwen2.5-1.5b-instruct", "gigpo_alfworld_qwen2.5-1.5b-instruct"])
+def test_alfworld_recipe_rehearsal_step(recipe, ray_address, tmp_path):
     pytest.importorskip("alfworld")
-    recipe = "gmpo_alfworld_qwen2.5-1.5b-instruct"
     games = recipe_data.alfworld_official_tree(tmp_path, n_per_type=1)
     # 4 episodes per game (the recipe: 8), 3 turns (50) and 2 validation games (128): episodes are what costs here;
-    # 2 policy ranks and 2 engines (a group per micro-batch: the task default of 8 responses would not split), the env
-    # pool of 2 workers
+    # 2 policy ranks and 2 engines, the env pool of 2 workers, 8 turn-samples per optimizer step (256) in
+    # micro-batches of 2 (16)
     out, cfg, recipe_cfg, stdout = _rehearse_recipe(
         recipe, ray_address, tmp_path, "--model", "embedded:tiny-qwen2-agent", "--task.games_root", games,
         "--task.max_steps", "3", "--task.max_eval_games", "2", "--rollout.prompts_per_step", "2",
         "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "16", "--rollout.max_episode_tokens", "3072",
         "--rollout.env_workers", "2", "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
-        "--optim.micro_batch_size", "4",
+        "--optim.micro_batch_size", "2", "--optim.minibatch_turns", "8",
         *_shrunk_sets(recipe, {}, 16))
     step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {"alfworld_valid_seen": 2})
-    assert step["rollout/num_samples"] == 2 * 4
+    assert cfg.rollout.agent_layout == "turn" and step["rollout/num_samples"] >= 2 * 4  # a row per turn
     assert sorted(p.name for p in (out / "rehearsal").glob("rank*_step1.pt")) == ["rank0_step1.pt", "rank1_step1.pt"]
 
 

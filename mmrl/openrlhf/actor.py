@@ -14,7 +14,12 @@ sync group to the vLLM engines, so it must run exactly once) and given mmrl's lo
 3. OpenRLHF's own ``training_step`` does the forward, backward and DeepSpeed step (MoE aux loss, EMA, logging
    included) with OpenRLHF's KL term off (``kl_ctl = 0``): mmrl's objective adds its own KL when it has one.
 
-Communication added per optimizer step: one all-reduce of 3 floats (OpenRLHF's own loop does two of 1 float).
+In the agent turn layout a step's rows vary in number, so ranks may hold different numbers of micro-batches: every
+rank runs the most any rank has, rounded up to whole optimizer steps, the missing ones idle (a copy of its last
+micro-batch with no trained token and loss weight 0), so that DeepSpeed's collectives and optimizer steps line up.
+
+Communication added per optimizer step: one all-reduce of 3 floats (OpenRLHF's own loop does two of 1 float), and
+one all-reduce of 1 number per epoch (the micro-batch count).
 """
 
 from __future__ import annotations
@@ -29,7 +34,14 @@ from openrlhf.trainer.ppo_utils.experience import make_experience_batch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 import mmrl.algos as algos
-from mmrl.openrlhf.grouping import GROUP_KEY, ROW_STATS_PREFIX, STATS_PREFIX, loss_scale, whole_group_micro_batches
+from mmrl.openrlhf.grouping import (
+    GROUP_KEY,
+    ROW_STATS_PREFIX,
+    STATS_PREFIX,
+    loss_scale,
+    padded_count,
+    whole_group_micro_batches,
+)
 from mmrl.openrlhf.loss import MicroBatch, MmrlPolicyLoss
 
 
@@ -42,10 +54,10 @@ def _dp_group(strategy):
     return mesh["dp"].get_group() if mesh is not None else None
 
 
-def _all_reduce_sum(values: list[float], strategy) -> list[float]:
+def _all_reduce_sum(values: list[float], strategy, op=dist.ReduceOp.SUM) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=_device())
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_dp_group(strategy))
+        dist.all_reduce(t, op=op, group=_dp_group(strategy))
     return t.tolist()
 
 
@@ -79,10 +91,16 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
         self.actor_loss_fn = MmrlPolicyLoss(self.algo)
         self.mmrl_epoch_seed = int(self.args.train.seed)
 
-    def micro_batches(self, items: list, generator: torch.Generator) -> list:
+    def micro_batches(self, items: list, generator: torch.Generator, count: int | None = None) -> list:
+        """Micro-batches of whole groups; ``count`` > their number: idle ones (no trained token) fill up to it."""
         group_ids = [int(_per_sample(it.info[GROUP_KEY])[0]) for it in items]
-        return [make_experience_batch([items[i] for i in idx]) for idx in
-                whole_group_micro_batches(group_ids, self.micro_train_batch_size, generator)]
+        cuts = whole_group_micro_batches(group_ids, self.micro_train_batch_size, generator)
+        batches = [make_experience_batch([items[i] for i in idx]) for idx in cuts]
+        for _ in range(len(cuts), count or 0):
+            idle = make_experience_batch([items[i] for i in cuts[-1]])
+            idle.action_mask = torch.zeros_like(idle.action_mask)
+            batches.append(idle)
+        return batches
 
     def ppo_train(self, kl_ctl: float = 0.0) -> dict[str, float]:
         gas = max(int(self.strategy.accumulated_gradient), 1)
@@ -92,24 +110,32 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
         sums: dict[str, float] = defaultdict(float)
         weight = objective = total = 0.0
         step = 0
+        items = list(self.replay_buffer.items)
+        own = len(whole_group_micro_batches([int(_per_sample(it.info[GROUP_KEY])[0]) for it in items],
+                                            self.micro_train_batch_size))
+        count = padded_count(int(_all_reduce_sum([own], self.strategy, dist.ReduceOp.MAX)[0]), gas)
         for _ in range(self.max_epochs):
-            batches = self.micro_batches(list(self.replay_buffer.items), generator)
+            batches = self.micro_batches(items, generator, count)
             for start in range(0, len(batches), gas):
                 window = batches[start:start + gas]
                 fields = [pop_mmrl_fields(e) for e in window]
-                masses = [self.algo.loss_mass(e.action_mask.float(), g) for e, (g, _) in zip(window, fields,
-                                                                                             strict=True)]
+                real = [start + j < own for j in range(len(window))]  # the rest are idle
+                masses = [self.algo.loss_mass(e.action_mask.float(), g) if r else 0.0
+                          for e, (g, _), r in zip(window, fields, real, strict=True)]
                 local = [sum(masses), sum(float(e.action_mask.sum()) for e in window),
-                         sum(float(e.action_mask.shape[0]) for e in window)]
+                         sum(float(e.action_mask.shape[0]) for e, r in zip(window, real, strict=True) if r)]
                 total_mass, tokens, samples = _all_reduce_sum(local, self.strategy)
                 norm = {"dp_size": dp, "batch_num_tokens": torch.tensor(tokens / gas, device=_device()),
                         "global_batch_size": torch.tensor(samples / gas, device=_device())}
-                for experience, (group_ids, stats), mass in zip(window, fields, masses, strict=True):
+                for experience, (group_ids, stats), mass, is_real in zip(window, fields, masses, real, strict=True):
                     experience.to_device(_device())
                     self.actor_loss_fn.bind(MicroBatch(group_ids, stats, loss_scale(mass, total_mass, dp, gas),
                                                        experience.base_action_log_probs))
                     status = self.training_step(experience, 0.0, step, norm)  # OpenRLHF's KL term off: see above
                     step += 1
+                    last = status["metrics"]
+                    if not is_real:
+                        continue
                     n = float(experience.action_mask.shape[0])
                     values = {k: float(v.float().mean()) if isinstance(v, torch.Tensor) else float(v)
                               for k, v in status["metrics"].items()
@@ -121,7 +147,6 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
                     # the objective itself, weighted by its loss mass: the whole step's value of the objective
                     objective += float(self.actor_loss_fn.last_loss) * mass
                     total += mass
-                    last = status["metrics"]
         keys = sorted(sums)
         reduced = _all_reduce_sum([sums[k] for k in keys] + [objective, total, weight], self.strategy)
         out = {k: v / max(reduced[-1], 1.0) for k, v in zip(keys, reduced[:-3], strict=True)}

@@ -68,6 +68,14 @@ def micro_batch_size(cfg: TrainConfig) -> int:
     return cfg.optim.micro_batch_size or cfg.rollout.samples_per_prompt
 
 
+def update_rows(cfg: TrainConfig) -> int:
+    """Samples per optimizer step (``--train.batch_size``): the step's responses over ``optim.minibatches``, or in
+    the agent turn layout ``optim.minibatch_turns`` turn-samples when set (verl-agent's mini-batch; a step then makes
+    as many optimizer steps as its turns fill)."""
+    r, o = cfg.rollout, cfg.optim
+    return o.minibatch_turns or r.prompts_per_step * r.samples_per_prompt // o.minibatches
+
+
 def check_layout(cfg: TrainConfig, algo: Algorithm) -> None:
     """Batch arithmetic OpenRLHF and DeepSpeed need, as one-line errors naming the fields to change."""
     for _, (name, is_set, why) in UNSUPPORTED.items():
@@ -75,15 +83,20 @@ def check_layout(cfg: TrainConfig, algo: Algorithm) -> None:
             raise UserError(f"config: {name} is not supported by the openrlhf backend ({why})")
     r, o = cfg.rollout, cfg.optim
     world, micro = world_size(cfg), micro_batch_size(cfg)
-    responses = r.prompts_per_step * r.samples_per_prompt
     if r.prompts_per_step % o.minibatches:
         raise UserError(f"config: rollout.prompts_per_step ({r.prompts_per_step}) must be a multiple of "
                          f"optim.minibatches ({o.minibatches}) so that mini-batches hold whole groups")
-    per_rank = responses // o.minibatches / world
+    if o.minibatch_turns and o.schedule != "constant":  # a warm-up counts optimizer steps from the start: exact
+        raise UserError("config: optim.minibatch_turns makes a number of optimizer steps per rollout step that "
+                         "varies with the episodes' lengths, so the length of a decaying lr schedule is unknown: use "
+                         "optim.schedule constant")
+    rows = update_rows(cfg)
+    per_rank = rows / world
     if per_rank != int(per_rank) or int(per_rank) % micro:
-        raise UserError(f"config: each optimizer step's {responses // o.minibatches} responses must split evenly into "
+        which = "optim.minibatch_turns" if o.minibatch_turns else "rollout.prompts_per_step"
+        raise UserError(f"config: each optimizer step's {rows} responses must split evenly into "
                          f"{world} GPUs (cluster.nodes × cluster.gpus_per_node) × micro-batches of {micro} "
-                         f"(optim.micro_batch_size); change rollout.prompts_per_step or optim.micro_batch_size")
+                         f"(optim.micro_batch_size); change {which} or optim.micro_batch_size")
     if algo.needs_whole_groups and micro % r.samples_per_prompt:
         raise UserError(f"config: {algo.name} needs whole groups in a micro-batch: optim.micro_batch_size ({micro}) "
                          f"must be a multiple of rollout.samples_per_prompt ({r.samples_per_prompt})")
@@ -133,7 +146,6 @@ def build_flags(cfg: TrainConfig, inputs: LaunchInputs, kl_coef: float, out_dir:
     step, averaged by OpenRLHF's token normalisers (the local trainer averages it as the objective's loss)."""
     r, o, c, run = cfg.rollout, cfg.optim, cfg.cluster, cfg.run
     micro = micro_batch_size(cfg)
-    responses = r.prompts_per_step * r.samples_per_prompt
     episodes, max_samples = episodes_and_samples(cfg, inputs.train_rows, inputs.batches_per_step)
     flags: dict[str, Any] = {
         "actor.model_name_or_path": inputs.model_path,
@@ -151,7 +163,7 @@ def build_flags(cfg: TrainConfig, inputs: LaunchInputs, kl_coef: float, out_dir:
         "rollout.max_new_tokens": r.max_new_tokens, "rollout.temperature": r.temperature, "rollout.top_p": r.top_p,
         "rollout.micro_batch_size": micro,
         # update
-        "train.batch_size": responses // o.minibatches, "train.micro_batch_size": micro,
+        "train.batch_size": update_rows(cfg), "train.micro_batch_size": micro,
         "train.max_epochs": o.epochs, "train.num_episodes": episodes, "train.seed": run.seed,
         "actor.adam.lr": o.lr, "actor.adam.betas": list(o.betas), "actor.adam.weight_decay": o.weight_decay,
         "actor.max_norm": o.grad_clip, "actor.lr_scheduler": transformers_name(o.schedule),

@@ -9,6 +9,14 @@ Pure torch; no OpenRLHF import.
 * **Micro-batches.** OpenRLHF's ``ppo_train`` shuffles single samples; mmrl's actor instead shuffles *groups* and
   cuts the rank's samples into micro-batches of ``train.micro_batch_size`` consecutive samples, so a micro-batch size
   that is a multiple of the group size keeps every group whole (GVPO needs it; the launcher enforces it for gvpo).
+* **Turn rows.** In the agent turn layout (``rollout.agent_layout turn``) the agent executor plays each episode turn
+  by turn and returns every turn as its own row; the samples generator lays a step's rows out episode after episode
+  (:func:`lay_out_turns`), each with its episode's group (the episodes of one game, consecutive runs of ``n`` as
+  above) and a :class:`~mmrl.batch.TurnStep` under ``Experience.info[STEP_KEY]``, which the experience maker takes
+  off before anything ships (the objective's per-step needs, ``Algorithm.needs_steps``, are read there only). The
+  number of rows then varies from step to step: they are dealt to the policy ranks in near-equal contiguous shares
+  (:func:`rank_shares`), and a rank with fewer micro-batches than another runs idle ones (no trained token), so that
+  every rank takes the same number of DeepSpeed steps.
 * **Normalisation.** DeepSpeed scales each micro-batch loss by ``1/gas`` and averages gradients over the ``dp`` ranks.
   Weighting micro-batch ``j``'s loss by ``mass_j / M · dp · gas``, with ``mass = Algorithm.loss_mass`` and ``M`` the
   sum of the masses of every micro-batch of the optimizer step on every rank (one all-reduce), gives exactly the
@@ -17,11 +25,17 @@ Pure torch; no OpenRLHF import.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import torch
+
+from mmrl.batch import TurnStep
 
 GROUP_KEY = "mmrl_group_id"  # Experience.info key of a sample's group id within its rollout step
 STATS_PREFIX = "mmrl_stat/"  # Experience.info keys of the objective's whole-batch statistics (one value per sample)
 ROW_STATS_PREFIX = "mmrl_row_stat/"  # ... of its row statistics (each sample's own value, e.g. its group's)
+STEP_KEY = "mmrl_turn_step"  # Experience.info key of a turn row's [TurnStep] (the turn layout; never shipped)
 
 
 def rollout_group_ids(n_samples: int, group_size: int) -> torch.Tensor:
@@ -72,3 +86,31 @@ def runs_of_groups(keys: list, size_of) -> list[tuple[int, int]]:
         spans.append((at, end))
         at = end
     return spans
+
+
+def lay_out_turns(episodes: list[list[tuple[object, TurnStep]]], group_size: int) -> list:
+    """The rows of a rollout step in the turn layout, episode after episode: ``episodes[i]`` holds episode ``i``'s
+    (row, step) pairs in turn order (an episode whose env failed holds none). Each row gets its episode's group,
+    ``i // group_size``, and its step with the episode numbered ``i`` (unique within the step)."""
+    rows = []
+    for position, turns in enumerate(episodes):
+        for row, step in turns:
+            row.info[GROUP_KEY] = torch.tensor([position // group_size])
+            row.info[STEP_KEY] = [dataclasses.replace(step, episode=position)]
+            rows.append(row)
+    return rows
+
+
+def rank_shares(n_rows: int, ranks: int) -> list[range]:
+    """``ranks`` contiguous, near-equal, non-empty shares of ``n_rows`` rows (one experience per policy rank)."""
+    if n_rows < ranks:
+        raise ValueError(f"a rollout step of {n_rows} turn rows cannot give each of {ranks} policy ranks one")
+    size = n_rows / ranks
+    bounds = [math.floor(r * size) for r in range(ranks)] + [n_rows]
+    return [range(bounds[r], bounds[r + 1]) for r in range(ranks)]
+
+
+def padded_count(counts: int, grad_accum: int) -> int:
+    """Micro-batches every rank runs in one ``ppo_train`` epoch: the most any rank has (``counts``, all-reduced with
+    max), rounded up to whole optimizer steps of ``grad_accum`` micro-batches."""
+    return math.ceil(counts / grad_accum) * grad_accum

@@ -53,6 +53,7 @@ from mmrl.trainer.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, c
 log = logging.getLogger("mmrl.openrlhf")
 
 AGENT_MODULES = {"alfworld": "mmrl.envs.adapters.openrlhf_agent"}  # multi-turn tasks: their AgentExecutor file
+TURN_AGENT_MODULE = "mmrl.openrlhf.turn_agent"  # rollout.agent_layout turn: every env step its own row
 FILES_DIR = "openrlhf"  # the prompt files and reward_func file, under the run directory
 ACTOR_CHECKPOINTS = "checkpoints/_actor"  # OpenRLHF's DeepSpeed checkpoints of the policy (args.ckpt.path/_actor)
 
@@ -168,10 +169,12 @@ def check_model(cfg: TrainConfig, path: str, images: bool, write: bool) -> list[
     return []
 
 
-def agent_file(task_name: str) -> str:
+def agent_file(task_name: str, layout: str = "episode") -> str:
     module = AGENT_MODULES.get(task_name)
     if module is None:
         return ""
+    if layout == "turn":
+        module = TURN_AGENT_MODULE
     found = importlib.util.find_spec(module)
     if found is None or found.origin is None:
         raise UserError(f"task {task_name!r} on the openrlhf backend needs its agent executor {module}, which is "
@@ -179,17 +182,21 @@ def agent_file(task_name: str) -> str:
     return found.origin
 
 
-def episode_rows(task, rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+def episode_rows(task, rows: list[dict[str, Any]], seed: int, layout: str = "episode") -> list[dict[str, Any]]:
     """Rows of a multi-turn task as the agent file reads them (``mmrl.envs.adapters.openrlhf_agent.parse_label``): the
     label carries the game, a reset seed fixed per game (a group's episodes start identically, as in the local
-    trainer) and the env settings. The env writes the first prompt, so the chat is only the placeholder OpenRLHF's
-    prompt dataset needs."""
+    trainer) and the env settings of the agent ``layout`` (the turn layout's: the env's self-contained observations,
+    and the task's system prompt for the turn renderer). The env writes the first prompt, so the chat is only the
+    placeholder OpenRLHF's prompt dataset needs."""
     out = []
     for i, row in enumerate(rows):
-        env = dict(task.env_kwargs(row))
+        env = dict(task.kwargs_for(row, layout))
         game = env.pop("game_path")
-        out.append({"messages": [{"role": "user", "content": f"{task.name} game {game}"}], "game_path": game,
-                    "seed": seed * 1_000_003 + i, "env": env, "chat": "chatml"})
+        label = {"messages": [{"role": "user", "content": f"{task.name} game {game}"}], "game_path": game,
+                 "seed": seed * 1_000_003 + i, "env": env, "chat": "chatml"}
+        if layout == "turn":
+            label["system"] = task.system_prompt
+        out.append(label)
     return out
 
 
@@ -212,9 +219,6 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     validate(cfg)
     task = build_task(cfg)
     algo = build_algorithm(cfg, task.multi_turn)  # a bad name or hyper-parameter fails here, on the driver
-    if cfg.rollout.agent_layout != "episode":
-        raise UserError("config: rollout.agent_layout turn runs on the local backend; the openrlhf backend trains "
-                         "agent episodes in the episode layout")
     spec = algorithm_spec(cfg, algo)
     check_layout(cfg, algo)
     out = cfg.out_dir.resolve()
@@ -226,16 +230,18 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
         files[f"eval_{s.name}"] = str(files_dir / f"eval_{s.name}.jsonl")
     if eval_sets:
         files["eval"] = files[f"eval_{eval_sets[0].name}"]
-    agent = cfg.cluster.extra.get("train.agent_func_path") or agent_file(task.name)
+    layout = cfg.rollout.agent_layout
+    agent = cfg.cluster.extra.get("train.agent_func_path") or agent_file(task.name, layout)
     if agent:
         files["reward_func"] = ""
     path = model_path(cfg.model.name)
     train_rows, eval_rows = task.train, task.eval
     if task.multi_turn:
-        train_rows, eval_rows = (episode_rows(task, task.train, cfg.run.seed),
-                                 episode_rows(task, task.eval, cfg.run.seed + 1))
-    set_rows = {s.name: (episode_rows(s.task, s.task.eval, cfg.run.seed + 1) if s.task.multi_turn else s.task.eval)
-                for s in eval_sets}
+        train_rows, eval_rows = (episode_rows(task, task.train, cfg.run.seed, layout),
+                                 episode_rows(task, task.eval, cfg.run.seed + 1, layout))
+    # evaluation plays in the run's layout, as on the local backend
+    set_rows = {s.name: (episode_rows(s.task, s.task.eval, cfg.run.seed + 1, layout) if s.task.multi_turn
+                         else s.task.eval) for s in eval_sets}
     if eval_sets:
         eval_rows = []  # the sets replace the task's held-out split
     most = max((count_images(r) for r in [*train_rows, *eval_rows, *(x for v in set_rows.values() for x in v)]),

@@ -11,6 +11,10 @@ PPO trainer actor. Cost: each extra round is one more full generation pass over 
 
 With GVPO's historical replay (``replay``, a `mmrl.openrlhf.replay.SampleReplay`), each round asks the engines for
 fewer responses of the prompts that have stored ones and completes those groups with replayed samples.
+
+In the agent turn layout, the engines return each episode with its turns (mmrl/openrlhf/turns.py): the episode
+is what resampling and OpenRLHF's buffering count, and once a step's episodes are final they become its turn rows,
+episode after episode, each with its group and step (:func:`mmrl.openrlhf.grouping.lay_out_turns`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from __future__ import annotations
 import logging
 
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+from mmrl.openrlhf.grouping import lay_out_turns
+from mmrl.openrlhf.turns import STEP_FIELD, TURNS_KEY
 
 log = logging.getLogger("mmrl.openrlhf")
 
@@ -46,8 +53,32 @@ class MmrlSamplesGenerator(SamplesGenerator):
         # run.steps: OpenRLHF's loop runs until its (repeated) prompt set is used up, which can be more steps than
         # asked; reporting "exhausted" after the last step ends it where the local trainer ends (0: no limit)
         self.max_steps, self.steps_done = max_steps, 0
+        self.turns: dict[int, list] = {}  # the turn layout: id(episode experience) -> its (turn row, TurnStep)s
+
+    def _process_response_into_experience(self, response, **generate_kwargs):
+        experience = super()._process_response_into_experience(response, **generate_kwargs)
+        if TURNS_KEY in response:
+            self.turns[id(experience)] = [
+                (super(MmrlSamplesGenerator, self)._process_response_into_experience(turn, **generate_kwargs),
+                 turn[STEP_FIELD]) for turn in response[TURNS_KEY]]
+        return experience
+
+    def generate_eval_samples(self, **generate_kwargs):
+        samples = super().generate_eval_samples(**generate_kwargs)
+        for sample in samples:  # evaluation reads episodes; their turns are not trained
+            self.turns.pop(id(sample), None)
+        return samples
 
     def generate_samples(self, **generate_kwargs):
+        samples, pass_rate, consumed, exhausted = self._episodes(**generate_kwargs)
+        if samples and id(samples[0]) in self.turns:
+            samples = lay_out_turns([self.turns.pop(id(s)) for s in samples], self.group_size)
+            # only episodes OpenRLHF buffered for a later step keep their turns (resampling drops whole rounds)
+            buffered = {id(s) for s in self._sample_buffer}
+            self.turns = {k: v for k, v in self.turns.items() if k in buffered}
+        return samples, pass_rate, consumed, exhausted
+
+    def _episodes(self, **generate_kwargs):
         if self.max_steps and self.steps_done >= self.max_steps:
             return [], 1.0, 0, True
         if self.replay is not None:

@@ -169,6 +169,12 @@ class OptimConfig:
                                      lambda v, cfg: 1 <= v <= cfg.rollout.prompts_per_step))
     micro_batch_size: int = setting(0, "most responses per forward/backward (gradient accumulation); 0: the whole "
                                     "mini-batch", at_least(0))
+    minibatch_turns: int = setting(0, "agent turn layout on the openrlhf backend: turn-samples per optimizer step "
+                                   "(verl-agent's ppo_mini_batch_size), so a step makes as many updates as its turns "
+                                   "fill; 0: the step's samples in optim.minibatches mini-batches", Range(
+                                       "must be >= 0, and > 0 only with rollout.agent_layout turn on the openrlhf "
+                                       "backend", lambda v, cfg: v == 0 or (v > 0 and cfg.rollout.agent_layout == "turn"
+                                                                            and cfg.run.backend == "openrlhf")))
     # wide CPU text batches are scored one unpadded row at a time: the same values, about half the CPU on ALFWorld
     # episodes (mmrl.trainer.rollout.ROW_BY_ROW_MIN_WIDTH)
     row_by_row: bool = setting(True, "on the CPU, score text batches at least 512 tokens wide one unpadded row at a "
