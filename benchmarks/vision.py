@@ -166,7 +166,9 @@ def write_vision_summary(out: Path, runs: list[dict], groups: dict[tuple[str, st
     command = (f"python benchmarks/vision.py curves --tasks {','.join(sorted({r['task'] for r in runs}))} "
                f"--algos {','.join(sorted({r['algo'] for r in runs}))} --seeds {','.join(map(str, seeds))} "
                f"--threads 1 --out {out}" + "".join(f" --lr {lr}" for lr in lr_flags if lr))
-    write_summary(out, "Vision RL on the shipped embedded Qwen-VL defaults", rows, seeds=seeds, command=command,
+    title = (f"Vision RL on the shipped embedded Qwen-VL defaults: {', '.join(sorted({r['task'] for r in runs}))} "
+             f"with {', '.join(sorted({r['algo'] for r in runs}))}")
+    write_summary(out, title, rows, seeds=seeds, command=command,
                   figure=publish_figure(out, out / "vision.png"),
                   notes="Held-out evaluation on diagrams and scenes never trained on; the rise is end minus start "
                         "of each seed's own run.")
