@@ -161,3 +161,14 @@ def test_top_k_one_is_greedy_on_both_samplers(model_and_tokenizer):
     for sampler in ("mmrl", "hf"):
         torch.manual_seed(1)
         assert [r.token_ids for r in generate(model, tok, prompts, 8, 1.0, 1.0, sampler=sampler, top_k=1)] == greedy
+
+
+def test_sampling_passes_the_cache_under_the_models_own_argument_name(model_and_tokenizer):
+    """transformers warns (FutureWarning) on every run that passes a KV cache under a deprecated name."""
+    import warnings
+
+    model, tok = model_and_tokenizer
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        out = sample_texts(model, prompts_of(tok, *CONTENTS), 4, 1.0, 1.0, eos_ids(tok, model), tok.pad_token_id)
+    assert len(out) == len(CONTENTS)

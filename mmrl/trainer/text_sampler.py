@@ -23,6 +23,7 @@ off.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -61,6 +62,12 @@ class SampledText:
     truncated: bool  # the budget ran out before a stop token
 
 
+def cache_keyword(model) -> str:
+    """The forward argument that takes a KV cache: transformers renamed ``past_key_values`` to ``cache`` (5.24 warns
+    on the old name at every run); older releases only know the old one."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _forward(model, **inputs):
     try:
         return model(**inputs, logits_to_keep=1).logits[:, -1]
@@ -90,8 +97,9 @@ def sample_texts(model, prompts: Sequence[list[int]], max_new_tokens: int, tempe
     attention = attention.to(device)
     positions = (attention.cumsum(1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
+    cache_arg = cache_keyword(model)
     logits = _forward(model, input_ids=ids.to(device), attention_mask=attention, position_ids=positions,
-                      past_key_values=cache, use_cache=True)
+                      use_cache=True, **{cache_arg: cache})
     # every row of a prompt starts from the prompt's keys and values
     cache.reorder_cache(source)
     logits = logits.index_select(0, source)
@@ -117,6 +125,6 @@ def sample_texts(model, prompts: Sequence[list[int]], max_new_tokens: int, tempe
             attention, next_position = attention[keep], next_position[keep]
         attention = torch.cat([attention, attention.new_ones((len(running), 1))], dim=1)
         logits = _forward(model, input_ids=tokens[:, None], attention_mask=attention,
-                          position_ids=next_position[:, None], past_key_values=cache, use_cache=True)
+                          position_ids=next_position[:, None], use_cache=True, **{cache_arg: cache})
         next_position = next_position + 1
     return out

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from mmrl.trainer.text_sampler import draw_tokens
+from mmrl.trainer.text_sampler import cache_keyword, draw_tokens
 
 
 @dataclasses.dataclass
@@ -214,7 +214,7 @@ class _RowGroup:
             layer_class = _slot_layer_class()
             self.layers = [layer_class(None, 0, reserve) for _ in range(model.config.num_hidden_layers)]
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                    past_key_values=Cache(layers=self.layers), use_cache=True, logits_to_keep=1)
+                    use_cache=True, logits_to_keep=1, **{cache_keyword(model): Cache(layers=self.layers)})
         self.real = torch.cat([self.real, new_real], dim=1)
         return out.logits[:, -1]
 
