@@ -219,7 +219,7 @@ def prepare_table(ds: Dataset, argv: list[str] | None) -> int:
     files = split_files(args.source, ds.split)
     rows = read_rows(files)
     check_rows(ds, rows, args.expect_rows if args.expect_rows is not None else ds.rows)
-    output, path = output_for(args.out, args.force, Path(sys.argv[0]).name or ds.name)
+    output, path = output_for(args.out, args.force, f"prepare_{ds.name}.py")
     output.claim(path)
     output.write(path, jsonl(plain(row) for _, _, row in rows), ", ".join(map(str, files)))
     output.save_record()
