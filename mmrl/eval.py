@@ -128,7 +128,8 @@ def _main(argv: list[str] | None) -> None:
     r, run = cfg.rollout, cfg.run
     saved: list = []  # every scored group, for --save-samples
 
-    def run_on(on_task, k: int, temperature: float, top_p: float, max_new_tokens: int) -> dict:
+    def run_on(on_task, k: int, temperature: float, top_p: float, max_new_tokens: int,
+               repetition_penalty: float = 1.0) -> dict:
         if on_task.multi_turn:
             metrics, groups = evaluate_episode_groups(
                 model, tokenizer, on_task, k=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
@@ -138,7 +139,8 @@ def _main(argv: list[str] | None) -> None:
             metrics, groups = evaluate_groups(
                 model, tokenizer, on_task, k=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                 max_prompt_tokens=r.max_prompt_tokens, seed=run.seed, max_problems=args.max_problems,
-                batch_size=r.generation_batch_size, progress=True, vision=vision, sampler=r.sampler)
+                batch_size=r.generation_batch_size, progress=True, vision=vision, sampler=r.sampler,
+                repetition_penalty=repetition_penalty)
         saved.extend(groups)
         return metrics
 
@@ -148,7 +150,8 @@ def _main(argv: list[str] | None) -> None:
     if sets:  # each set with its own sampling, as training evaluates it
         for s in sets:
             c = s.config
-            result[s.name] = run_on(s.task, c.samples, c.temperature, c.top_p, s.max_new_tokens(cfg))
+            result[s.name] = run_on(s.task, c.samples, c.temperature, c.top_p, s.max_new_tokens(cfg),
+                                    c.repetition_penalty)
         result["average"] = sum(result[s.name][s.config.metric] for s in sets) / len(sets)
     else:
         result.update(run_on(task, run.eval_samples, run.eval_temperature, 1.0, r.max_new_tokens))

@@ -28,6 +28,7 @@ def _math_file(path, n, answer_key="answer", offset=0):
     ("[{samples: 1}]", r"evaluation.sets\[0\].name must be a non-empty name"),
     ("[{name: a, samples: 4, temperature: 0.6, metric: avg@8}]", r"metric must be pass@1, pass@4 or avg@4"),
     ("[{name: a, top_p: 0}]", r"evaluation.sets\[0\].top_p must be in \(0, 1\]"),
+    ("[{name: a, repetition_penalty: 0}]", r"evaluation.sets\[0\].repetition_penalty must be > 0"),
     ("{name: a}", "evaluation.sets must be a list"),
 ])
 def test_bad_eval_sets_fail_with_one_line_naming_the_entry(sets, message):
@@ -62,30 +63,34 @@ def test_sets_are_built_from_the_run_task_with_their_own_options(tmp_path):
 def test_local_trainer_evaluates_each_set_with_its_own_sampling(tmp_path, embedded_model_dir, small_config,
                                                                  monkeypatch):
     import mmrl.trainer.evaluate as evaluate_module
-    from mmrl.trainer.local import build_trainer
+    import mmrl.trainer.local as local_module
 
     seen = []
     real_generate = evaluate_module.generate
 
     def recording_generate(model, tokenizer, prompts, max_new_tokens, temperature, top_p, *args, **kwargs):
-        seen.append((len(prompts), max_new_tokens, temperature, top_p))
+        seen.append((len(prompts), max_new_tokens, temperature, top_p, kwargs.get("repetition_penalty", 1.0)))
         return real_generate(model, tokenizer, prompts, max_new_tokens, temperature, top_p, *args, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "generate", recording_generate)
+    monkeypatch.setattr(local_module, "generate", recording_generate)  # the training rollouts
     train = _math_file(tmp_path / "train.jsonl", 16)
     bench = _math_file(tmp_path / "bench.jsonl", 3, offset=50)
     cfg = small_config(tmp_path, **{
         "task.name": "math", "task.path": train, "task.eval_fraction": 0.25, "run.steps": 1,
+        "rollout.repetition_penalty": 1.2,
         "evaluation.sets": [{"name": "sampled", "samples": 2, "temperature": 0.7, "top_p": 0.9, "metric": "avg@2"},
-                            {"name": "greedy", "path": bench, "max_new_tokens": 5}]})
-    trainer = build_trainer(cfg)
+                            {"name": "greedy", "path": bench, "max_new_tokens": 5, "repetition_penalty": 1.05}]})
+    trainer = local_module.build_trainer(cfg)
     trainer.run()
     record = json.loads((trainer.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert {"eval/sampled/avg@2", "eval/sampled/pass@2", "eval/greedy/pass@1", "eval/average"} <= set(record)
     assert record["eval/average"] == pytest.approx((record["eval/sampled/avg@2"] + record["eval/greedy/pass@1"]) / 2)
     assert "eval/pass@1" not in record  # the default evaluation is replaced by the sets
-    assert (4 * 2, 12, 0.7, 0.9) in seen  # 4 held-out problems x 2 samples, rollout.max_new_tokens
-    assert (3, 5, 0.0, 1.0) in seen  # greedy: one response per problem, the set's max_new_tokens
+    # 4 held-out problems x 2 samples, rollout.max_new_tokens, no penalty: the rollout's is for training only
+    assert (4 * 2, 12, 0.7, 0.9, 1.0) in seen
+    assert (3, 5, 0.0, 1.0, 1.05) in seen  # greedy: one response per problem, the set's max_new_tokens and penalty
+    assert seen[-3][-1] == 1.2  # the training step's rollout (then the final evaluation's two sets)
 
 
 def test_eval_cli_evaluates_the_configs_sets_with_the_same_settings(tmp_path, embedded_model_dir, monkeypatch):
@@ -100,7 +105,7 @@ def test_eval_cli_evaluates_the_configs_sets_with_the_same_settings(tmp_path, em
     real_generate = evaluate_module.generate
 
     def recording_generate(model, tokenizer, prompts, max_new_tokens, temperature, top_p, *args, **kwargs):
-        seen.append((len(prompts), max_new_tokens, temperature, top_p))
+        seen.append((len(prompts), max_new_tokens, temperature, top_p, kwargs.get("repetition_penalty", 1.0)))
         return real_generate(model, tokenizer, prompts, max_new_tokens, temperature, top_p, *args, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "generate", recording_generate)
@@ -110,10 +115,11 @@ def test_eval_cli_evaluates_the_configs_sets_with_the_same_settings(tmp_path, em
         "rollout": {"max_new_tokens": 7},
         "evaluation": {"sets": [
             {"name": "sampled", "samples": 2, "temperature": 0.7, "top_p": 0.9, "metric": "avg@2"},
-            {"name": "bench", "path": _math_file(tmp_path / "bench.jsonl", 3, offset=50), "max_new_tokens": 5}]}}))
+            {"name": "bench", "path": _math_file(tmp_path / "bench.jsonl", 3, offset=50), "max_new_tokens": 5,
+             "repetition_penalty": 1.05}]}}))
     out = tmp_path / "eval.json"
     assert main(["--config", str(config), "--model.threads", "1", "--max-problems", "2", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["sampled"]["problems"] == 2 and result["bench"]["problems"] == 2
     assert result["average"] == pytest.approx((result["sampled"]["avg@2"] + result["bench"]["pass@1"]) / 2)
-    assert (2 * 2, 7, 0.7, 0.9) in seen and (2, 5, 0.0, 1.0) in seen
+    assert (2 * 2, 7, 0.7, 0.9, 1.0) in seen and (2, 5, 0.0, 1.0, 1.05) in seen

@@ -31,11 +31,11 @@ from mmrl.trainer.rollout import response_logprobs
 with openrlhf_importable():
     from openrlhf.models import Actor
     from openrlhf.trainer.ppo_utils.experience import Experience
-    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
+    from openrlhf.trainer.ppo_utils.samples_generator import _collect_prompt_batch
 
     from mmrl.openrlhf.experience import MmrlExperienceMaker
     from mmrl.openrlhf.loss import sequence_advantages
-    from mmrl.openrlhf.sampling import MmrlSamplesGenerator
+    from mmrl.openrlhf.sampling import EngineDispatch, MmrlSamplesGenerator
 
 N, K = 4, 2  # group size, replayed responses per group
 
@@ -89,7 +89,7 @@ def sample(prompt: str, tokens: list[int], reward: float, prompt_ids: list[int] 
                       info={"reward": torch.tensor([reward])})
 
 
-class EnginesWithoutVLLM(SamplesGenerator):
+class EnginesWithoutVLLM(EngineDispatch):
     """Stands in for the vLLM engines below mmrl's generator: each dispatched prompt gets ``n`` scripted responses
     (token ``[step, j]``, reward ``j``), and the prompts' groups come back in reverse order (engines finish in any
     order)."""

@@ -1,12 +1,19 @@
 """examples/cluster/prepare_<dataset>.py on stand-in files in the official downloads' layouts (a hub snapshot folder,
-AMAP-ML/GPG's prompts file with Geo170K's images, ALFWorld's json_2.1.1 tree): each script runs as a command, its
-output is read by the recipe's own task loader, and each refusal is one line (exit code 2) naming the file, the row
-and the field, with nothing the user owns replaced.
+AMAP-ML/GPG's prompts file with Geo170K's images, ALFWorld's json_2.1.1 tree): each script's output is read by the
+recipe's own task loader, and each refusal is one line (exit code 2) naming the file, the row and the field, with
+nothing the user owns replaced.
+
+Most runs call the script's entry point in this process through `mmrl.cli.run_cli`, the call its ``__main__`` makes
+(a subprocess per run would import mmrl and the task loaders again each time); `command` runs a script as the
+command a user types, for the exit code and the one printed line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -16,6 +23,7 @@ from pathlib import Path
 import pytest
 import recipe_data
 
+from mmrl.cli import run_cli
 from mmrl.train import parse_config
 from mmrl.trainer.build import build_task
 from mmrl.trainer.eval_sets import build_eval_sets
@@ -24,14 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "cluster"
 
 
-def prepare(script: str, *args: str) -> subprocess.CompletedProcess:
+def command(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``python examples/cluster/prepare_<script>.py ARGS``, as a user runs it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, str(CLUSTER / f"prepare_{script}.py"), *args], capture_output=True,
                           text=True, env=env, timeout=300)
 
 
-def default_output(script: str) -> str:
-    """The path a prepare script writes when given no ``--out``."""
+@functools.cache
+def module_of(script: str):
     sys.path.insert(0, str(CLUSTER))  # where the scripts find prepare_common, as when run as commands
     try:
         spec = importlib.util.spec_from_file_location(f"prepare_{script}", CLUSTER / f"prepare_{script}.py")
@@ -39,6 +48,23 @@ def default_output(script: str) -> str:
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(CLUSTER))
+    return module
+
+
+def prepare(script: str, *args: str) -> subprocess.CompletedProcess:
+    """The script's run in this process: its entry point through `mmrl.cli.run_cli`, as its ``__main__`` calls it."""
+    module = module_of(script)
+    main = module.main if hasattr(module, "main") else functools.partial(
+        sys.modules["prepare_common"].prepare_table, module.DATASET)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(main, list(args))
+    return subprocess.CompletedProcess(script, code, out.getvalue(), err.getvalue())
+
+
+def default_output(script: str) -> str:
+    """The path a prepare script writes when given no ``--out``."""
+    module = module_of(script)
     return module.DATASET.out if hasattr(module, "DATASET") else module.OUT
 
 
@@ -141,7 +167,8 @@ def test_a_row_without_a_required_field_is_named_by_file_row_and_field(tmp_path)
     del rows[3]["answer"]
     rows[1]["problem"] = 7
     source = snapshot(tmp_path / "download2", rows, "train.jsonl")
-    refused(prepare("aime24", "--source", str(source), "--out", str(tmp_path / "o.jsonl"),
+    # as a command: exit code 2 and the one line, no traceback
+    refused(command("aime24", "--source", str(source), "--out", str(tmp_path / "o.jsonl"),
                     "--expect-rows", str(len(rows))), str(source / "train.jsonl"), "line 2", "'problem'", "not text")
     refused(prepare("aime24", "--source", str(tmp_path / "nothing")), "--source", "nothing")
     refused(prepare("aime24", "--source", str(tmp_path)), "holds no file of the 'train' split")
@@ -158,7 +185,7 @@ def test_an_output_the_script_did_not_write_is_never_replaced(tmp_path):
     refused(prepare("minerva", *args, "--force"), str(out), "not written by a prepare script")
     assert out.read_text() == "the user's own file\n"
     out.unlink()
-    assert prepare("minerva", *args).returncode == 0
+    assert command("minerva", *args).returncode == 0  # as a command: exit code 0
     written = out.read_bytes()
     refused(prepare("minerva", *args), str(out), "--force")  # its own output: only with --force
     assert prepare("minerva", *args, "--force").returncode == 0 and out.read_bytes() == written

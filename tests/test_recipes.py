@@ -83,7 +83,8 @@ def test_gpg_geoqa_recipe_dry_run(tmp_path, capsys):
     assert cfg.algo.params["loss_agg"] == "seq_mean_token_mean"  # the authors' GeoQA trainer
     assert "--algo.kl.use_loss" not in out  # GPG keeps no reference model
     assert _flag(out, "ds.zero_stage") == "3"
-    assert "rollout sampling: temperature 1.0, top_p 1.0, top_k 50" in out  # the authors' transformers default
+    assert "rollout sampling: temperature 1.0, top_p 1.0, top_k 50, repetition_penalty 1.0" in out  # authors' trainer
+    assert "evaluation set geoqa_test: 1 per problem, greedy, repetition_penalty 1.05," in out  # the checkpoint's
 
 
 def test_gvpo_math_recipe_dry_run(tmp_path, capsys):

@@ -172,3 +172,47 @@ def test_sampling_passes_the_cache_under_the_models_own_argument_name(model_and_
         warnings.simplefilter("error", FutureWarning)
         out = sample_texts(model, prompts_of(tok, *CONTENTS), 4, 1.0, 1.0, eos_ids(tok, model), tok.pad_token_id)
     assert len(out) == len(CONTENTS)
+
+
+def repeated_ids(rows: int, vocab: int, length: int) -> torch.Tensor:
+    """Each row's prompt and response so far: tokens drawn with repeats, so that some are counted more than once."""
+    return torch.randint(0, vocab // 3, (rows, length))
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "penalty"), [(0.7, 0, 1.3), (1.0, 5, 0.8), (0.0, 0, 1.05)])
+def test_repetition_penalty_is_transformers_processor(temperature, top_k, penalty):
+    """The distribution a token is drawn from with a repetition penalty is the one transformers' processors give: the
+    penalty on the row's tokens (each once) first, then temperature, top-k and top-p; greedy takes its argmax."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 50) * 3  # positive and negative logits, both penalised
+    ids = repeated_ids(64, 50, 12)
+    seen = torch.zeros(64, 50, dtype=torch.bool).scatter_(1, ids, True)
+    steps = [RepetitionPenaltyLogitsProcessor(penalty)]
+    if temperature > 0:
+        steps += [TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k) if top_k else None,
+                  TopPLogitsWarper(0.9)]
+    expected = torch.log_softmax(LogitsProcessorList([s for s in steps if s])(ids, logits.clone()), -1)
+    tokens, logprobs = draw_tokens(logits, temperature, 0.9 if temperature > 0 else 1.0, top_k, seen, penalty)
+    if temperature == 0:
+        assert torch.equal(tokens, expected.argmax(-1))
+        assert not torch.equal(tokens, logits.argmax(-1))  # the penalty changed some choices
+    assert torch.allclose(logprobs, expected.gather(-1, tokens[:, None]).squeeze(-1), atol=1e-5)
+
+
+def test_repetition_penalty_decodes_as_transformers_generate(model_and_tokenizer):
+    """Greedy decoding with a penalty gives transformers' tokens on mmrl's sampler (prompts of different lengths: the
+    left padding is never penalised), and the penalty changes what is decoded."""
+    model, tok = model_and_tokenizer
+    prompts = prompts_of(tok, *CONTENTS)
+    plain = [r.token_ids for r in generate(model, tok, prompts, 16, 0.0, 1.0)]
+    own = [r.token_ids for r in generate(model, tok, prompts, 16, 0.0, 1.0, sampler="mmrl", repetition_penalty=2.0)]
+    hf = [r.token_ids for r in generate(model, tok, prompts, 16, 0.0, 1.0, sampler="hf", repetition_penalty=2.0)]
+    assert own == hf and own != plain

@@ -13,7 +13,10 @@ DATASET = Dataset(
     fields={"problem": TEXT, "answer": ANSWER}, out="/data/benchmarks/aime24.jsonl",
     recipes="the GVPO and CW-GRPO recipes and their GRPO baselines (evaluation set aime24)",
     layout="hf download --repo-type dataset HuggingFaceH4/aime_2024 --local-dir DIR: "
-           "DIR/data/train-00000-of-00001.parquet, columns id, problem, solution, answer, url, year")
+           "DIR/data/train-00000-of-00001.parquet, columns id, problem, solution, answer, url, year",
+    counted="count, split and columns from HuggingFaceH4/aime_2024's dataset card (train, num_examples 30; id, "
+            "problem, solution, answer, url, year) and Open-RS's logs/evals results (custom|aime24 on split train, "
+            "original_num_docs 30)")
 
 if __name__ == "__main__":
     table_script(DATASET)

@@ -10,6 +10,9 @@ what ALFWorld's own AlfredTWEnv.collect_game_files plays: a known task type, a g
 movable/Sliced trials (mmrl.envs.alfworld.list_games, which also checks each game's grammar). Each such game's
 traj_data.json and game.tw-pddl are copied to --out (default /data/alfworld, the recipe's task.games_root) under
 the same json_2.1.1/... path.
+
+Sources: the counts from ALFWorld's data README ("3,553 training games, 140 seen and 134 unseen validation games");
+the layout from the same README's File Structure section.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from prepare_common import Output, parser, run
 
 from mmrl.errors import UserError
 
-GAMES = {"train": 3553, "valid_seen": 140}  # ALFWorld's README: train 3,553, valid_seen 140 (valid_unseen 134)
+GAMES = {"train": 3553, "valid_seen": 140}  # ALFWorld's data README: train 3,553, valid_seen 140 (valid_unseen 134)
 OUT = "/data/alfworld"
 FILES = ("traj_data.json", "game.tw-pddl")
 

@@ -14,7 +14,10 @@ DATASET = Dataset(
     fields={"problem": TEXT, "answer": ANSWER}, out="/data/benchmarks/amc.jsonl",
     recipes="gvpo_math_qwen2.5-math-7b.yaml and its GRPO baseline (evaluation set amc)",
     layout="hf download --repo-type dataset AI-MO/aimo-validation-amc --local-dir DIR: "
-           "DIR/data/train-00000-of-00001.parquet, columns id, problem, answer, url")
+           "DIR/data/train-00000-of-00001.parquet, columns id, problem, answer, url",
+    counted="count and split from AI-MO/aimo-validation-amc's dataset viewer (train, 83 rows) and the file "
+            "data/train-00000-of-00001.parquet from its file list; the columns are unverified (copies of its card "
+            "list problem, answer, url)")
 
 if __name__ == "__main__":
     table_script(DATASET)

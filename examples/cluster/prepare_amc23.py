@@ -14,7 +14,10 @@ DATASET = Dataset(
     fields={"problem": TEXT, "answer": ANSWER}, out="/data/benchmarks/amc23.jsonl",
     recipes="cw_grpo_openrs_r1-distill-qwen-1.5b.yaml and its GRPO baseline (evaluation set amc23)",
     layout="hf download --repo-type dataset knoveleng/AMC-23 --local-dir DIR: DIR/data/train-*.parquet (or "
-           "DIR/train.jsonl), columns problem, answer, ...")
+           "DIR/train.jsonl), columns problem, answer, ...",
+    counted="count and split from Open-RS's logs/evals results (custom|amc23: knoveleng/AMC-23, split train, "
+            "original_num_docs 40) and its src/open_r1/evaluate.py (columns problem, answer); the file names are "
+            "unverified")
 
 if __name__ == "__main__":
     table_script(DATASET)

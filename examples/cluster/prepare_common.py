@@ -43,7 +43,8 @@ class Dataset:
 
     ``hub``: its Hugging Face id (or where else it is published); ``split``: the split whose files are read;
     ``rows``: the official row count; ``fields``: ``{column: TEXT | ANSWER}`` every row must have; ``out``: the path
-    the recipe reads; ``recipes``: which recipes read it (for ``--help``); ``layout``: the downloaded files, in words.
+    the recipe reads; ``recipes``: which recipes read it (for ``--help``); ``layout``: the downloaded files, in words;
+    ``counted``: which source states the count, split, files and columns ("unverified: ..." where none was found).
     """
 
     name: str
@@ -54,6 +55,7 @@ class Dataset:
     out: str
     recipes: str
     layout: str
+    counted: str  # where the row count, split, file names and columns were checked, or "unverified: ..." and why
 
 
 def parser(description: str, out: str, expect: tuple[type, str] | None = None) -> argparse.ArgumentParser:
@@ -75,7 +77,8 @@ def help_text(ds: Dataset) -> str:
     paragraphs = [f"{ds.name}: {ds.hub}, split {ds.split!r}, {rows}, read by {ds.recipes}.",
                   f"Download (on a machine with internet access): {ds.layout}.",
                   f"Required fields: {', '.join(f'{k} ({v})' for k, v in ds.fields.items())}. The output keeps every "
-                  f"column as written; it goes to {ds.out}."]
+                  f"column as written; it goes to {ds.out}.",
+                  f"Sources: {ds.counted}."]
     return "\n\n".join(textwrap.fill(p, 100, break_on_hyphens=False, break_long_words=False) for p in paragraphs)
 
 
@@ -216,7 +219,7 @@ def prepare_table(ds: Dataset, argv: list[str] | None) -> int:
     files = split_files(args.source, ds.split)
     rows = read_rows(files)
     check_rows(ds, rows, args.expect_rows if args.expect_rows is not None else ds.rows)
-    output, path = output_for(args.out, args.force, Path(sys.argv[0]).name or ds.name)
+    output, path = output_for(args.out, args.force, f"prepare_{ds.name}.py")
     output.claim(path)
     output.write(path, jsonl(plain(row) for _, _, row in rows), ", ".join(map(str, files)))
     output.save_record()

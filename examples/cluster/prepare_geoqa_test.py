@@ -28,7 +28,11 @@ DATASET = Dataset(
     out="/data/geoqa/R1-V-eval/geoqa_test_prompts.jsonl",
     recipes="gpg_geoqa_qwen2.5-vl-3b.yaml, grpo_geoqa_qwen2.5-vl-3b.yaml (evaluation set geoqa_test)",
     layout="the prompts file from the AMAP-ML/GPG repository (--source) and Luckyjhg/Geo170K's images.zip unzipped "
-           "so that DIR/Geo170K/images/test/<n>.png exists (--images DIR)")
+           "so that DIR/Geo170K/images/test/<n>.png exists (--images DIR)",
+    counted="count and columns from the file itself: AMAP-ML/GPG's R1-V/src/eval/prompts/"
+            "geoqa_test_prompts.jsonl (the same as Deep-Agent/R1-V's) has 754 rows of image_path, question, "
+            "ground_truth (R1-V's README names the set \"GeoQA-Test-Direct-Answer-735\", but its file has 754); "
+            "the images from R1-V's README, section GEOQA")
 
 
 def main(argv: list[str] | None) -> int:

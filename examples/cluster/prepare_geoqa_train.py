@@ -27,7 +27,10 @@ DATASET = Dataset(
     recipes="gpg_geoqa_qwen2.5-vl-3b.yaml, grpo_geoqa_qwen2.5-vl-3b.yaml (task.path)",
     layout="hf download --repo-type dataset leonardPKU/GEOQA_R1V_Train_8K --local-dir DIR: DIR/data/train-*.parquet "
            "(columns image {bytes, path}, problem, solution \"<answer>...</answer>\") and DIR/README.md, the card "
-           "whose dataset_info gives the train split's num_examples")
+           "whose dataset_info gives the train split's num_examples",
+    counted="unverified: no source states the exact count (R1-V's README: \"GEOQA-8k\"; the GPG paper's "
+            "§3: \"around 8,000 samples\"), so the count checked is the one the download's own card states; the "
+            "columns are what R1-V's grpo.py reads (image, problem, solution)")
 
 
 def card_rows(source: str, split: str) -> int | None:

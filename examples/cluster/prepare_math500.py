@@ -13,7 +13,10 @@ DATASET = Dataset(
     fields={"problem": TEXT, "solution": TEXT, "answer": ANSWER}, out="/data/benchmarks/math500.jsonl",
     recipes="the GVPO and CW-GRPO recipes and their GRPO baselines (evaluation set math500)",
     layout="hf download --repo-type dataset HuggingFaceH4/MATH-500 --local-dir DIR: DIR/test.jsonl, columns "
-           "problem, solution, answer, subject, level, unique_id")
+           "problem, solution, answer, subject, level, unique_id",
+    counted="count and split from Open-RS's logs/evals results (custom|math_500: HuggingFaceH4/MATH-500, "
+            "split test, original_num_docs 500) and its src/open_r1/evaluate.py (columns problem, solution); the "
+            "answer column and the file name test.jsonl are unverified: no card listing them was found")
 
 if __name__ == "__main__":
     table_script(DATASET)

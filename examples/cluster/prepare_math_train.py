@@ -14,7 +14,10 @@ DATASET = Dataset(
     recipes="gvpo_math_qwen2.5-math-7b.yaml, grpo_math_qwen2.5-math-7b.yaml (task.path)",
     layout="hf download --repo-type dataset DigitalLearningGmbH/MATH-lighteval --local-dir DIR: "
            "DIR/data/train-00000-of-00001.parquet, columns problem, level, type, solution (the gold answer is "
-           "the solution's last \\boxed{})")
+           "the solution's last \\boxed{})",
+    counted="count: MATH's train split has 7,500 problems (lighteval/MATH's README.txt); columns problem, "
+            "level, type, solution as the MATH parquet copies' cards list them; unverified: "
+            "DigitalLearningGmbH/MATH-lighteval's own card and file names were not found")
 
 if __name__ == "__main__":
     table_script(DATASET)

@@ -13,7 +13,10 @@ DATASET = Dataset(
     fields={"problem": TEXT, "answer": ANSWER}, out="/data/open-rs/train.jsonl",
     recipes="cw_grpo_openrs_r1-distill-qwen-1.5b.yaml, grpo_openrs_r1-distill-qwen-1.5b.yaml (task.path)",
     layout="hf download --repo-type dataset knoveleng/open-rs --local-dir DIR: DIR/data/train-*.parquet, "
-           "columns problem, solution, answer (the answer extracted from the solution)")
+           "columns problem, solution, answer (the answer extracted from the solution)",
+    counted="count from Open-RS's README (\"just 7,000 samples\"; recipes/grpo.yaml: dataset_name "
+            "knoveleng/open-rs); Open-RS's own code reads problem and solution (src/open_r1/grpo.py, rewards.py); the "
+            "answer column the recipe reads and the file names are unverified")
 
 if __name__ == "__main__":
     table_script(DATASET)

@@ -165,7 +165,8 @@ def run(args, ray_address: str = "", rehearsal_mode: bool = False,
         trainer = MmrlPPOTrainerRayActor.remote(
             args.actor.model_name_or_path, strategy, actors, None, None, reference, engines, do_sample=True,
             max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
-            temperature=args.rollout.temperature, top_p=args.rollout.top_p, top_k=rollout_top_k(args.mmrl))
+            temperature=args.rollout.temperature, top_p=args.rollout.top_p, top_k=rollout_top_k(args.mmrl),
+            repetition_penalty=float(args.mmrl.get("repetition_penalty", 1.0)))
         max_steps = ray.get(trainer.get_max_steps.remote())
         refs = actors.async_init_model_from_pretrained(strategy, args.actor.model_name_or_path, max_steps, engines)
         if reference is not None:

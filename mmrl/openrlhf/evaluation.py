@@ -20,7 +20,8 @@ CORRECT_KEYS = {False: "mmrl/accuracy", True: "won"}  # by task.multi_turn: what
 def set_spec(s: EvalSet, file: str, max_new_tokens: int) -> dict[str, Any]:
     c = s.config
     return {"name": s.name, "file": file, "samples": c.samples, "temperature": c.temperature, "top_p": c.top_p,
-            "max_new_tokens": max_new_tokens, "metric": c.metric, "correct_key": CORRECT_KEYS[s.task.multi_turn]}
+            "repetition_penalty": c.repetition_penalty, "max_new_tokens": max_new_tokens, "metric": c.metric,
+            "correct_key": CORRECT_KEYS[s.task.multi_turn]}
 
 
 def rollout_top_k(spec: dict[str, Any]) -> int:
@@ -30,8 +31,10 @@ def rollout_top_k(spec: dict[str, Any]) -> int:
 
 def set_generate_kwargs(spec: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """OpenRLHF's generate kwargs for one set: the run's, with the set's sampling (temperature 0 = greedy in vLLM);
-    no top-k, as the local backend evaluates (the rollout's ``rollout.top_k`` is for training)."""
-    return {**base, "top_k": -1, "temperature": spec["temperature"], "top_p": spec["top_p"],
+    no top-k and the set's own repetition penalty, as the local backend evaluates (the rollout's ``rollout.top_k``
+    and ``rollout.repetition_penalty`` are for training)."""
+    return {**base, "top_k": -1, "repetition_penalty": spec.get("repetition_penalty", 1.0),
+            "temperature": spec["temperature"], "top_p": spec["top_p"],
             "max_new_tokens": spec["max_new_tokens"], "n_samples_per_prompt": spec["samples"]}
 
 

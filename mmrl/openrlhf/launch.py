@@ -278,6 +278,7 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     if write:
         write_files()
     spec["top_k"] = cfg.rollout.top_k  # the rollout's; evaluations sample without (mmrl.openrlhf.evaluation)
+    spec["repetition_penalty"] = cfg.rollout.repetition_penalty  # the rollout's; each evaluation set has its own
     spec["eval_sets"] = [set_spec(s, files[f"eval_{s.name}"], s.max_new_tokens(cfg)) for s in eval_sets]
     args.mmrl = {**spec, **run_spec(cfg, out)}
     return Launch(argv, args, notes, files, write_files, checks)
@@ -314,7 +315,7 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
         f"objective: {spec['algo']} {json.dumps(spec['params'])}",
         f"task: {cfg.task.name} {json.dumps(cfg.task.options)}",
         f"rollout sampling: temperature {cfg.rollout.temperature}, top_p {cfg.rollout.top_p}, "
-        f"top_k {cfg.rollout.top_k or 'off'}",
+        f"top_k {cfg.rollout.top_k or 'off'}, repetition_penalty {cfg.rollout.repetition_penalty}",
         f"ray: {cfg.cluster.ray_address or 'local (ray.init(), listening on 127.0.0.1 only)'}",
         *(["mode: CPU rehearsal (HF rollout actors behind the vLLM interface, gloo weight sync, sdpa; "
            "docs/cluster.md)"] if cfg.cluster.rehearsal else []),
@@ -324,6 +325,8 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
     ]
     for s in spec.get("eval_sets", []):
         sampling = "greedy" if s["temperature"] == 0 else f"temperature {s['temperature']}, top_p {s['top_p']}"
+        if s.get("repetition_penalty", 1.0) != 1.0:
+            sampling += f", repetition_penalty {s['repetition_penalty']}"
         lines.append(f"evaluation set {s['name']}: {s['samples']} per problem, {sampling}, "
                      f"{s['max_new_tokens']} new tokens, {s['metric']}")
     lines += [f"openrlhf: {note}" for note in launch.notes]

@@ -5,8 +5,9 @@
 executor) unchanged. It replaces what talks to vLLM, with the same signatures:
 
 * ``generate(prompt_token_ids, sampling_params, multi_modal_data)``: one sampled completion from the fp32 HF model
-  (temperature, top-p, top-k, min/max tokens; images through the model's processor), returned as vLLM's
-  ``RequestOutput`` shape;
+  (temperature, top-p, top-k, repetition penalty, min/max tokens; images through the model's processor), returned as
+  vLLM's ``RequestOutput`` shape. One unpadded prompt per call, so transformers' repetition penalty counts exactly
+  the tokens vLLM's does: the prompt's and the output's, each once, greedy or sampled;
 * ``init_process_group`` / ``update_weight``: the receiving end of the gloo weight sync; each received tensor is
   copied into the HF model's parameter of the same name, and after the last one of a sync the actor appends the
   weights' digest to ``<run>/rehearsal/rollout_weights.jsonl`` (the policy writes its own beside it);
@@ -159,6 +160,7 @@ class HFRolloutActor(RolloutRayActor.__ray_actor_class__):
         sample = params.temperature > 0
         kwargs: dict[str, Any] = {"do_sample": sample, "max_new_tokens": int(params.max_tokens or 16),
                                   "min_new_tokens": int(params.min_tokens or 0), "return_dict_in_generate": True,
+                                  "repetition_penalty": float(params.repetition_penalty),
                                   "output_scores": params.logprobs is not None,
                                   "pad_token_id": config.pad_token_id if config.pad_token_id is not None
                                   else next(iter(eos_ids), 0)}

@@ -87,9 +87,10 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
                                                             client_states=states))
 
     def _eval_generate_kwargs(self) -> dict:
-        """OpenRLHF's evaluation sampling, as its loop builds it, without the rollout's top-k, as the local backend
-        evaluates (``evaluation.sets`` replace it set by set)."""
-        return {**self.generate_kwargs, "top_k": -1, "temperature": self.args.eval.temperature,
+        """OpenRLHF's evaluation sampling, as its loop builds it, without the rollout's top-k and repetition penalty,
+        as the local backend evaluates (``evaluation.sets`` replace it set by set)."""
+        return {**self.generate_kwargs, "top_k": -1, "repetition_penalty": 1.0,
+                "temperature": self.args.eval.temperature,
                 "n_samples_per_prompt": self.args.eval.n_samples_per_prompt}
 
     def _eval_set_loader(self, file: str):

@@ -42,6 +42,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    repetition_penalty: float = 1.0  # vLLM's rule: over the prompt's and the output's tokens, greedy included
     max_tokens: int | None = 16
     min_tokens: int = 0
     skip_special_tokens: bool = True

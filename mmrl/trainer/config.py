@@ -125,6 +125,11 @@ class RolloutConfig:
     top_p: float = setting(1.0, "nucleus sampling threshold", unit_interval(open_low=True))
     top_k: int = setting(0, "sample from the k most likely tokens only (after temperature, before top_p: "
                          "transformers' and vLLM's order); 0: off", at_least(0, " (0: off)"))
+    repetition_penalty: float = setting(1.0, "divides a positive logit (multiplies any other) of every token already "
+                                        "in the prompt or the response, before temperature; 1.0: off. transformers "
+                                        "and vLLM apply it alike, prompt and response tokens each counted once (older "
+                                        "transformers releases also count a left-padded batch's pad token; mmrl's "
+                                        "sampler and vLLM never do)", above(0, " (1.0: off)"))
     generation_batch_size: int = setting(128, "responses generated in one batch", at_least(1))
     sampler: str = setting("mmrl", "mmrl: one pre-fill per distinct prompt, finished rows leave the batch; hf: "
                            "transformers' generate. Prompts with images always use generate", one_of(SAMPLERS))
@@ -227,6 +232,9 @@ class EvalSetConfig:
     samples: int = setting(1, "samples per problem")
     temperature: float = setting(0.0, "sampling temperature; 0: greedy (then samples must be 1)")
     top_p: float = setting(1.0, "nucleus sampling threshold")
+    repetition_penalty: float = setting(1.0, "as rollout.repetition_penalty, for this set, greedy decoding included "
+                                        "(an evaluator that decodes under a checkpoint's generation_config applies "
+                                        "the penalty it ships); 1.0: off")
     max_new_tokens: int = setting(0, "tokens per response; 0: rollout.max_new_tokens")
     max_problems: int = setting(0, "problems evaluated; 0: every problem of the set")
     metric: str = setting("pass@1", "the headline: pass@1, or pass@k / avg@k with k = samples")
@@ -426,6 +434,7 @@ def eval_set_configs(cfg: TrainConfig) -> list[EvalSetConfig]:
             ("temperature", es.temperature >= 0, "must be >= 0 (0 = greedy)"),
             ("samples", es.temperature > 0 or es.samples == 1, "must be 1 when temperature is 0 (greedy)"),
             ("top_p", 0 < es.top_p <= 1, "must be in (0, 1]"),
+            ("repetition_penalty", es.repetition_penalty > 0, "must be > 0 (1.0: off)"),
             ("max_new_tokens", es.max_new_tokens >= 0, "must be >= 0 (0 = rollout.max_new_tokens)"),
             ("max_problems", es.max_problems >= 0, "must be >= 0 (0 = all)"),
             ("metric", es.metric in ("pass@1", f"pass@{k}", f"avg@{k}"),

@@ -53,6 +53,9 @@ def build_eval_sets(cfg: TrainConfig, task: Task | EnvTask) -> list[EvalSet]:
             read = _rebuild(cfg, {**cfg.task.options, "path": es.path, "eval_path": "", "eval_fraction": 0.0,
                                   **es.options}, where)
             built = dataclasses.replace(read, eval=read.train)
+        if built.multi_turn and es.repetition_penalty != 1.0:
+            raise UserError(f"config: {where}.repetition_penalty: the episodes of multi-turn task "
+                             f"{cfg.task.name!r} are sampled without a repetition penalty; leave it at 1.0")
         rows = built.eval[: es.max_problems] if es.max_problems else built.eval
         if not rows:
             raise UserError(f"config: {where} has no problems")

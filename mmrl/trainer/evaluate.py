@@ -41,12 +41,12 @@ def evaluate(model, tokenizer, task: Task, **kwargs: Any) -> dict[str, Any]:
 @torch.no_grad()
 def evaluate_groups(model, tokenizer, task: Task, k: int = 4, temperature: float = 1.0, max_new_tokens: int = 64,
                     max_prompt_tokens: int = 512, seed: int = 0, max_problems: int = 0, batch_size: int = 128,
-                    progress: bool = False, vision=None, top_p: float = 1.0,
-                    sampler: str = "mmrl") -> tuple[dict[str, Any], list[Group]]:
+                    progress: bool = False, vision=None, top_p: float = 1.0, sampler: str = "mmrl",
+                    repetition_penalty: float = 1.0) -> tuple[dict[str, Any], list[Group]]:
     """(metrics, the scored groups: one per held-out problem, for `mmrl.samples`).
     ``vision``: the `mmrl.vision.processor.VisionProcessor` of a task with images (None for text).
     ``temperature`` 0 is greedy decoding (one response per problem).
-    ``sampler``: see `mmrl.trainer.rollout.generate`."""
+    ``sampler``, ``repetition_penalty``: see `mmrl.trainer.rollout.generate`."""
     rows = task.eval[:max_problems] if max_problems else task.eval
     if not rows:
         return {}, []
@@ -58,13 +58,13 @@ def evaluate_groups(model, tokenizer, task: Task, k: int = 4, temperature: float
             from mmrl.trainer.vision_prompts import generate_groups
 
             groups = generate_groups(model, tokenizer, vision, rows, n, max_new_tokens, temperature, max_prompt_tokens,
-                                     batch_size, progress, top_p=top_p)
+                                     batch_size, progress, top_p=top_p, repetition_penalty=repetition_penalty)
         else:
             groups = [Group(i, row, encode_prompt(tokenizer, row["messages"], max_prompt_tokens), []) for i, row in
                       enumerate(rows)]
             responses = generate(model, tokenizer, [g.prompt_ids for g in groups for _ in range(n)], max_new_tokens,
                                  temperature, top_p, batch_size, progress="eval" if progress else None,
-                                 sampler=sampler)
+                                 sampler=sampler, repetition_penalty=repetition_penalty)
             for i, g in enumerate(groups):
                 g.responses = responses[i * n : (i + 1) * n]
     score_groups(groups, task.reward)

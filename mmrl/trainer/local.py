@@ -201,7 +201,8 @@ class Trainer:
         images = prompts_vision(todo) if self.vision_prompts is not None else None
         with self.autocast():
             fresh = generate(self.model, self.tokenizer, prompts, r.max_new_tokens, r.temperature, r.top_p,
-                             r.generation_batch_size, vision=images, sampler=r.sampler, top_k=r.top_k)
+                             r.generation_batch_size, vision=images, sampler=r.sampler, top_k=r.top_k,
+                             repetition_penalty=r.repetition_penalty)
         at = 0
         for g, n in todo:
             g.responses = fresh[at : at + n] + g.responses
@@ -531,7 +532,7 @@ class Trainer:
             for s in self.eval_sets:
                 c = s.config
                 result, set_groups = self.evaluate_task(s.task, c.samples, c.temperature, c.top_p,
-                                                        s.max_new_tokens(self.cfg))
+                                                        s.max_new_tokens(self.cfg), c.repetition_penalty)
                 groups = set_groups if groups is None else groups
                 out.update({f"eval/{s.name}/{k}": v for k, v in result.items()})
             out["eval/average"] = (sum(out[f"eval/{s.name}/{s.config.metric}"] for s in self.eval_sets)
@@ -540,8 +541,8 @@ class Trainer:
             samples.append(group_records(groups, step=self.step - 1, max_prompts=r.eval_sample_prompts))
         return out
 
-    def evaluate_task(self, task: Task | EnvTask, k: int, temperature: float, top_p: float,
-                      max_new_tokens: int) -> tuple[dict[str, Any], list[Group]]:
+    def evaluate_task(self, task: Task | EnvTask, k: int, temperature: float, top_p: float, max_new_tokens: int,
+                      repetition_penalty: float = 1.0) -> tuple[dict[str, Any], list[Group]]:
         rc = self.cfg.rollout
         with self.autocast():
             if task.multi_turn:
@@ -553,7 +554,8 @@ class Trainer:
             return evaluate_groups(
                 self.model, self.tokenizer, task, k=k, temperature=temperature, top_p=top_p,
                 max_new_tokens=max_new_tokens, max_prompt_tokens=rc.max_prompt_tokens, seed=self.cfg.run.seed,
-                batch_size=rc.generation_batch_size, vision=self.vision, sampler=rc.sampler)
+                batch_size=rc.generation_batch_size, vision=self.vision, sampler=rc.sampler,
+                repetition_penalty=repetition_penalty)
 
     def run(self) -> dict[str, Any]:
         """Train until ``run.steps``; on SIGINT/SIGTERM finish the step, checkpoint and stop."""
@@ -661,12 +663,14 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if algo.on_policy_only and cfg.optim.epochs * cfg.optim.minibatches > 1:
         log.warning("%s has no importance ratio: with %d updates per rollout it is off-policy after the first",
                     algo.name, cfg.optim.epochs * cfg.optim.minibatches)
-    if cfg.rollout.top_k and task.multi_turn:
-        raise UserError("config: rollout.top_k is not available for multi-turn tasks on the local backend (its "
-                         "episode sampler draws from the tempered policy and top_p only)")
-    if cfg.rollout.top_p < 1 or cfg.rollout.top_k:
-        log.warning("rollout.top_p < 1 or rollout.top_k > 0: responses are sampled from a truncated distribution but "
-                    "scored under the full one; ratio-free objectives (gpg, gvpo) get a biased gradient")
+    for name, off in (("top_k", 0), ("repetition_penalty", 1.0)):
+        if getattr(cfg.rollout, name) != off and task.multi_turn:
+            raise UserError(f"config: rollout.{name} is not available for multi-turn tasks on the local backend (its "
+                             f"episode sampler draws from the tempered policy and top_p only)")
+    if cfg.rollout.top_p < 1 or cfg.rollout.top_k or cfg.rollout.repetition_penalty != 1.0:
+        log.warning("rollout.top_p < 1, rollout.top_k > 0 or rollout.repetition_penalty != 1: responses are sampled "
+                    "from a modified distribution but scored under the full one; ratio-free objectives (gpg, gvpo) "
+                    "get a biased gradient")
     owner = claim(cfg)  # locked for this run; refuses a foreign folder or a resume that changes what is trained
     try:
         return _build_claimed(cfg, task, eval_sets, algo, owner)

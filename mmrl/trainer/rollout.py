@@ -3,7 +3,8 @@
 All log-probabilities are of the *tempered* policy (logits / temperature), the distribution responses were sampled
 from, as verl does; ``temperature=1`` gives the raw policy. Sampling overrides every logits processor a checkpoint's
 ``generation_config`` may ship (repetition penalty, top-k, min-p, ...), so that the sampler is exactly the policy
-being scored; only ``top_p < 1`` or ``top_k > 0`` (explicitly asked for) makes them differ.
+being scored; only ``top_p < 1``, ``top_k > 0`` or a ``repetition_penalty`` other than 1 (explicitly asked for) makes
+them differ.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def eos_ids(tokenizer, model) -> list[int]:
 @torch.no_grad()
 def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float, top_p: float,
              batch_size: int = 64, progress: str | None = None, vision=None,
-             return_logprobs: bool = False, sampler: str = "mmrl", top_k: int = 0) -> list[Response]:
+             return_logprobs: bool = False, sampler: str = "mmrl", top_k: int = 0,
+             repetition_penalty: float = 1.0) -> list[Response]:
     """One sampled response per prompt (repeat a prompt to get a group). Greedy when ``temperature == 0``.
 
     ``progress``: a label to show a progress bar over the generation batches (long evaluations).
@@ -69,6 +71,8 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int
     ``sampler``: ``"mmrl"``, the own loop of `mmrl.trainer.text_sampler` (text prompts; images always go through
     ``generate``), or ``"hf"``, ``transformers``' ``generate``.
     ``top_k``: sample from the k most likely tokens only (0: off), on either sampler.
+    ``repetition_penalty``: transformers' repetition penalty over each row's prompt and response tokens (1.0: off),
+    greedy or sampled, on either sampler.
     """
     if sampler not in SAMPLERS:
         raise UserError(f"rollout.sampler: must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
@@ -83,7 +87,7 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int
         chunk = prompts[start : start + batch_size]
         if vision is None and sampler == "mmrl":
             for s in sample_texts(model, chunk, max_new_tokens, temperature, top_p, stop,
-                                  pad if pad is not None else stop[0], top_k):
+                                  pad if pad is not None else stop[0], top_k, repetition_penalty):
                 out.append(Response(s.token_ids, tokenizer.decode(s.token_ids, skip_special_tokens=True),
                                     truncated=s.truncated, logprobs=s.logprobs if return_logprobs else None))
             bar.update(len(chunk))
@@ -96,7 +100,7 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int
             attn[i, width - len(p) :] = 1
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k} if temperature > 0 \
             else {"do_sample": False, "temperature": None, "top_p": None}
-        options = {**NEUTRAL_SAMPLING, **sampling}
+        options = {**NEUTRAL_SAMPLING, **sampling, "repetition_penalty": repetition_penalty}
         if vision is not None:  # the chunk's images; vision placeholder tokens are never sampled (see mmrl.vision)
             options.update(vision.select(range(start, start + len(chunk))).model_inputs(ids, device, model),
                            suppress_tokens=list(vision.tokens.blocked))

@@ -16,8 +16,10 @@ positions, pixel placement), so vision prompts keep ``generate`` (see ``mmrl.tra
 
 Sampling is the tempered policy (``logits / temperature``), with optional ``top_k`` (the k highest tempered scores,
 ties kept, as transformers' ``TopKLogitsWarper``) and nucleus ``top_p`` (HF's rule: the smallest set of top tokens
-whose probability reaches ``top_p``), in transformers' order; greedy at temperature 0; every other logits processor is
-off.
+whose probability reaches ``top_p``), in transformers' order; greedy at temperature 0. An optional repetition penalty
+comes first, as transformers' ``RepetitionPenaltyLogitsProcessor`` and vLLM apply it: every token already in the row
+(its prompt's real tokens and its response so far, each counted once; never padding) has its logit divided by the
+penalty when positive and multiplied by it otherwise. Every other logits processor is off.
 """
 
 from __future__ import annotations
@@ -32,10 +34,19 @@ import torch
 SAMPLERS = ("mmrl", "hf")
 
 
-def draw_tokens(logits: torch.Tensor, temperature: float, top_p: float,
-                top_k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A token per row from ``logits [B, V]``, and its log-prob under the distribution it was drawn from."""
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``logits [B, V]`` with the tokens ``seen [B, V]`` penalised: a positive logit divided by ``penalty``, any other
+    multiplied by it (transformers' ``RepetitionPenaltyLogitsProcessor``, vLLM's ``apply_repetition_penalties``)."""
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
+def draw_tokens(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
+                seen: torch.Tensor | None = None, repetition_penalty: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A token per row from ``logits [B, V]``, and its log-prob under the distribution it was drawn from.
+    ``seen [B, V]``: the tokens already in each row, penalised by ``repetition_penalty`` (1.0: off)."""
     logits = logits.float()
+    if seen is not None and repetition_penalty != 1.0:
+        logits = penalize_repeats(logits, seen, repetition_penalty)
     if temperature <= 0:
         logprobs = torch.log_softmax(logits, -1)
         tokens = logprobs.argmax(-1)
@@ -77,7 +88,7 @@ def _forward(model, **inputs):
 
 @torch.no_grad()
 def sample_texts(model, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 stop: Sequence[int], pad: int, top_k: int = 0) -> list[SampledText]:
+                 stop: Sequence[int], pad: int, top_k: int = 0, repetition_penalty: float = 1.0) -> list[SampledText]:
     """One sampled response per prompt (repeat a prompt to get a group), in the order of ``prompts``."""
     from transformers import DynamicCache
 
@@ -105,11 +116,19 @@ def sample_texts(model, prompts: Sequence[list[int]], max_new_tokens: int, tempe
     logits = logits.index_select(0, source)
     attention = attention.index_select(0, source)
     next_position = attention.sum(1)
+    seen = None  # with a repetition penalty: which tokens each row holds so far, prompt and response
+    if repetition_penalty != 1.0:
+        seen = torch.zeros((len(distinct), logits.shape[-1]), dtype=torch.bool, device=device)
+        for i, p in enumerate(distinct):
+            seen[i, torch.tensor(p, dtype=torch.long, device=device)] = True
+        seen = seen.index_select(0, source)
     stop_ids = torch.tensor(sorted(set(stop)), dtype=torch.long, device=device)
     running = torch.arange(len(prompts), device=device)  # original index of each row still in the batch
     out = [SampledText([], [], truncated=True) for _ in prompts]
     for step in range(max_new_tokens):
-        tokens, logprobs = draw_tokens(logits, temperature, top_p, top_k)
+        tokens, logprobs = draw_tokens(logits, temperature, top_p, top_k, seen, repetition_penalty)
+        if seen is not None:
+            seen[torch.arange(len(tokens), device=device), tokens] = True
         for i, t, lp in zip(running.tolist(), tokens.tolist(), logprobs.tolist(), strict=True):
             out[i].token_ids.append(t)
             out[i].logprobs.append(lp)
@@ -122,6 +141,7 @@ def sample_texts(model, prompts: Sequence[list[int]], max_new_tokens: int, tempe
             keep = (~ended).nonzero().squeeze(1)
             cache.reorder_cache(keep)
             running, tokens = running[keep], tokens[keep]
+            seen = seen[keep] if seen is not None else None
             attention, next_position = attention[keep], next_position[keep]
         attention = torch.cat([attention, attention.new_ones((len(running), 1))], dim=1)
         logits = _forward(model, input_ids=tokens[:, None], attention_mask=attention,

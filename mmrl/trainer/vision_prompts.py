@@ -75,7 +75,7 @@ def prompts_vision(groups_and_counts: list[tuple[Group, int]]):
 
 def generate_groups(model, tokenizer, processor: VisionProcessor, rows: list[dict[str, Any]], n: int,
                     max_new_tokens: int, temperature: float, max_prompt_tokens: int, batch_size: int,
-                    progress: bool = False, top_p: float = 1.0) -> list[Group]:
+                    progress: bool = False, top_p: float = 1.0, repetition_penalty: float = 1.0) -> list[Group]:
     """``n`` sampled responses for each row (evaluation), encoding images a chunk of prompts at a time so that
     only one chunk's pixels are ever in memory."""
     from mmrl.trainer.rollout import generate
@@ -88,7 +88,8 @@ def generate_groups(model, tokenizer, processor: VisionProcessor, rows: list[dic
         chunk = [cache.group(i) for i in range(start, min(start + per_chunk, len(rows)))]
         todo = [(g, n) for g in chunk]
         responses = generate(model, tokenizer, [g.prompt_ids for g, _ in todo for _ in range(n)], max_new_tokens,
-                             temperature, top_p, batch_size, vision=prompts_vision(todo))
+                             temperature, top_p, batch_size, vision=prompts_vision(todo),
+                             repetition_penalty=repetition_penalty)
         for i, g in enumerate(chunk):
             g.responses, g.vision = responses[i * n : (i + 1) * n], None  # the pixels are not needed any more
         groups += chunk
