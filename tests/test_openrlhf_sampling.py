@@ -33,9 +33,9 @@ class Engine:
 
 def dispatched(method, monkeypatch, **generate_kwargs) -> list[list[dict]]:
     """Each engine's requests when ``method`` (OpenRLHF's dispatch or mmrl's) sends three prompts to two engines."""
-    for module in (samples_generator, sampling):  # each dispatch builds vLLM's SamplingParams by its own import
-        monkeypatch.setattr(module, "SamplingParams", vllm_stand_in.SamplingParams)
-        monkeypatch.setattr(module.ray, "get", lambda refs: refs)
+    # both dispatches build vLLM's SamplingParams in OpenRLHF's code (mmrl's adds the penalty on the way out)
+    monkeypatch.setattr(samples_generator, "SamplingParams", vllm_stand_in.SamplingParams)
+    monkeypatch.setattr(samples_generator.ray, "get", lambda refs: refs)
     engines = [Engine(3), Engine(0)]
     gen = SimpleNamespace(vllm_engines=engines, tokenizer="tok", args=SimpleNamespace(
         rollout=SimpleNamespace(n_samples_per_prompt=4), algo=SimpleNamespace(advantage=SimpleNamespace(

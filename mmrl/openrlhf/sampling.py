@@ -16,19 +16,17 @@ In the agent turn layout, the engines return each episode with its turns (mmrl/o
 is what resampling and OpenRLHF's buffering count, and once a step's episodes are final they become its turn rows,
 episode after episode, each with its group and step (:func:`mmrl.openrlhf.grouping.lay_out_turns`).
 
-Every request goes out through `EngineDispatch`, OpenRLHF's own dispatch with one field added to vLLM's
-``SamplingParams``: ``repetition_penalty`` (``rollout.repetition_penalty``, or an evaluation set's), which OpenRLHF's
-version leaves at vLLM's default.
+Every request goes out through `EngineDispatch`: OpenRLHF's own dispatch, with one field added to vLLM's
+``SamplingParams`` on the way to each engine: ``repetition_penalty`` (``rollout.repetition_penalty``, or an evaluation
+set's), which OpenRLHF's version leaves at vLLM's default.
 """
 
 from __future__ import annotations
 
-import heapq
+import copy
 import logging
 
-import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
-from vllm import SamplingParams
 
 from mmrl.openrlhf.grouping import lay_out_turns
 from mmrl.openrlhf.turns import STEP_FIELD, TURNS_KEY
@@ -50,36 +48,42 @@ def keep_valid_first(valid: list[list], last_round: list[list], target: int) -> 
     return kept + [g for g in last_round if not group_is_valid(g)][: target - len(kept)]
 
 
+class PenalisedRequests:
+    """A vLLM engine's ``generate_responses`` handle whose requests carry a repetition penalty: OpenRLHF builds vLLM's
+    ``SamplingParams`` without that field, and wrapping the handle adds it to a copy of each request's parameters
+    rather than re-implementing OpenRLHF's dispatch (engine choice, batching) beside it."""
+
+    def __init__(self, method, penalty: float) -> None:
+        self.method, self.penalty = method, penalty
+
+    def remote(self, *, sampling_params, **request):
+        params = copy.copy(sampling_params)  # shared by every prompt of the dispatch: never changed in place
+        params.repetition_penalty = self.penalty
+        return self.method.remote(sampling_params=params, **request)
+
+
+class PenalisedEngine:
+    """An engine handle as OpenRLHF's dispatch uses it (load query, generation request), with penalised requests."""
+
+    def __init__(self, engine, penalty: float) -> None:
+        self.get_num_unfinished_requests = engine.get_num_unfinished_requests
+        self.generate_responses = PenalisedRequests(engine.generate_responses, penalty)
+
+
 class EngineDispatch(SamplesGenerator):
     """OpenRLHF's generator, whose requests carry the sampling's ``repetition_penalty`` to vLLM."""
 
     def _dispatch_prompts_to_vllm(self, prompts, labels, *, images=None, **generate_kwargs) -> list:
-        """OpenRLHF 0.11's ``SamplesGenerator._dispatch_prompts_to_vllm`` line for line, but for the sampling's
-        ``repetition_penalty``, which its ``SamplingParams`` omit: each prompt goes to the engine with the fewest
-        pending responses, one ``generate_responses`` call (``n_samples_per_prompt`` responses) per prompt."""
-        sampling_params = SamplingParams(
-            temperature=generate_kwargs.get("temperature", 1.0),
-            top_p=generate_kwargs.get("top_p", 1.0),
-            top_k=generate_kwargs.get("top_k", -1),
-            repetition_penalty=generate_kwargs.get("repetition_penalty", 1.0),
-            max_tokens=generate_kwargs.get("max_new_tokens"),
-            min_tokens=generate_kwargs.get("min_new_tokens", 1),
-            skip_special_tokens=generate_kwargs.get("skip_special_tokens", False),
-            logprobs=1 if self.args.algo.advantage.is_correction_level != "off" else None,
-        )
-        n_samples = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
-        pending = ray.get([engine.get_num_unfinished_requests.remote() for engine in self.vllm_engines])
-        heap = [(count, i) for i, count in enumerate(pending)]
-        heapq.heapify(heap)
-        refs = []
-        for prompt, label, image in zip(prompts, labels, images or [None] * len(prompts), strict=True):
-            load, i = heapq.heappop(heap)
-            heapq.heappush(heap, (load + n_samples, i))
-            refs.append(self.vllm_engines[i].generate_responses.remote(
-                prompt=prompt, label=label, sampling_params=sampling_params,
-                max_length=generate_kwargs.get("max_len", 2048), hf_tokenizer=self.tokenizer, num_samples=n_samples,
-                images=image))
-        return refs
+        """OpenRLHF's dispatch, through engine handles that add ``repetition_penalty`` (which its ``SamplingParams``
+        omit) to each request; at 1.0 (off) the engines are OpenRLHF's own."""
+        penalty = generate_kwargs.get("repetition_penalty", 1.0)
+        engines = self.vllm_engines
+        if penalty != 1.0:
+            self.vllm_engines = [PenalisedEngine(engine, penalty) for engine in engines]
+        try:
+            return SamplesGenerator._dispatch_prompts_to_vllm(self, prompts, labels, images=images, **generate_kwargs)
+        finally:
+            self.vllm_engines = engines
 
 
 class MmrlSamplesGenerator(EngineDispatch):
