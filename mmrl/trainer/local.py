@@ -379,62 +379,31 @@ class Trainer:
             current.append(rows)
         return out + [torch.cat(current)]
 
+    @property
+    def router_losses(self) -> bool:
+        """An MoE trained with a router loss (``moe.aux_loss_coef`` / ``moe.z_loss_coef``): a mini-batch has loss to
+        step on even when no response token carries any."""
+        return self.is_moe and (self.cfg.moe.aux_loss_coef > 0 or self.cfg.moe.z_loss_coef > 0)
+
     def update(self, batch: RolloutBatch, stats: dict[str, Any]) -> dict[str, float]:
-        """K epochs over mini-batches of whole groups; one optimizer step per mini-batch, accumulated exactly over
-        micro-batches (each weighted by its share of the objective's ``loss_mass``)."""
+        """K epochs over mini-batches of whole groups; one optimizer step per mini-batch, its gradient accumulated
+        over micro-batches (:meth:`accumulate`). A step whose loss or gradient is not finite is skipped."""
         o = self.cfg.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
         order_rng = torch.Generator().manual_seed(self.cfg.run.seed * 1_000_003 + self.step)
         n_groups = int(batch.group_ids.max()) + 1
-        temperature = self.cfg.rollout.temperature
         sums: Counter[str] = Counter()
         updates = skipped = 0
         for _ in range(o.epochs):
             for chunk in torch.randperm(n_groups, generator=order_rng).chunk(o.minibatches):
                 micro = self.micro_batches(batch, chunk)
                 masses = [self.algo.loss_mass(batch.response_mask[r], batch.group_ids[r]) for r in micro]
-                total = sum(masses)
-                router_losses = self.is_moe and (self.cfg.moe.aux_loss_coef > 0 or self.cfg.moe.z_loss_coef > 0)
-                if total == 0 and not router_losses:
+                if sum(masses) == 0 and not self.router_losses:
                     continue  # nothing in this mini-batch carries loss (e.g. only empty responses)
-                n_rows = sum(len(r) for r in micro)
-                self.optimizer.zero_grad(set_to_none=True)
-                step_metrics: Counter[str] = Counter()
-                finite = True
-                for rows, mass in zip(micro, masses, strict=True):
-                    sub = batch.select(rows).to(self.device)
-                    router_loss, router_metrics = 0.0, {}
-                    with self.autocast():
-                        if self.is_moe:
-                            logprobs, entropy, router_loss, router_metrics = self.moe_forward(batch, rows, sub)
-                        else:
-                            logprobs, entropy = response_logprobs(self.model, batch, temperature,
-                                                                  with_entropy=True, rows=rows,
-                                                                  row_by_row_min_width=self.row_by_row_min_width,
-                                                                  entropy_grad=self.algo.entropy_coef > 0)
-                    old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
-                    loss, metrics = self.algo.policy_loss(
-                        logprobs=logprobs, old_logprobs=old, advantages=sub.advantages,
-                        mask=sub.response_mask, group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs,
-                        stats=stats_for_rows(stats, rows))
-                    metrics = {**metrics, **router_metrics}
-                    if self.algo.entropy_coef > 0:  # every objective: -coef × entropy, averaged as its loss
-                        bonus = self.algo.entropy_bonus(entropy, sub.response_mask.to(entropy.device), sub.group_ids)
-                        loss = loss + bonus
-                        metrics["entropy_bonus"] = float(bonus.detach())
-                    if not (torch.isfinite(loss) and torch.isfinite(torch.as_tensor(router_loss))):
-                        finite = False  # NaN/inf never reaches the optimizer
-                        break
-                    share = mass / total if total else 0.0
-                    # The policy loss is weighted by the objective's loss mass, router losses by tokens' rows.
-                    (loss * share + router_loss * (len(rows) / n_rows)).backward()
-                    mask = sub.response_mask
-                    token_entropy = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-                    step_metrics.update({k: v * share for k, v in metrics.items()})
-                    step_metrics.update({"loss": float(loss.detach()) * share, "entropy": token_entropy * share})
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip) if finite else torch.tensor(0.0)
-                if not finite or not torch.isfinite(grad_norm):
-                    self.optimizer.zero_grad(set_to_none=True)
+                finite, step_metrics = self.accumulate(batch, stats, micro, masses)
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip) if finite else None
+                if grad_norm is None or not torch.isfinite(grad_norm):
+                    self.optimizer.zero_grad(set_to_none=True)  # NaN/inf never reaches the optimizer
                     skipped += 1
                     continue
                 self.optimizer.step()
@@ -445,6 +414,56 @@ class Trainer:
         out = {k: v / max(updates, 1) for k, v in sums.items()}
         out.update(updates=float(updates), skipped_updates=float(skipped))
         return out
+
+    def accumulate(self, batch: RolloutBatch, stats: dict[str, Any], micro: list[torch.Tensor],
+                   masses: list[float]) -> tuple[bool, Counter[str]]:
+        """The gradient of one mini-batch, accumulated exactly over its micro-batches (``micro``: the rows of each;
+        ``masses``: each one's ``algo.loss_mass``) into the parameters' ``.grad``, for one optimizer step.
+
+        Each micro-batch's loss is weighted by its share of the mini-batch's loss mass, its router losses by its
+        share of rows, so the sum is the whole mini-batch's gradient; the metrics are weighted alike. Returns
+        (finite, metrics); (False, nothing) at the first non-finite loss, with part of the gradient accumulated.
+        """
+        total, n_rows = sum(masses), sum(len(r) for r in micro)
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: Counter[str] = Counter()
+        for rows, mass in zip(micro, masses, strict=True):
+            sub = batch.select(rows).to(self.device)
+            loss, router_loss, entropy, micro_metrics = self.micro_batch_loss(batch, rows, sub, stats)
+            if not (torch.isfinite(loss) and torch.isfinite(torch.as_tensor(router_loss))):
+                return False, Counter()
+            share = mass / total if total else 0.0
+            (loss * share + router_loss * (len(rows) / n_rows)).backward()
+            mask = sub.response_mask
+            token_entropy = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+            metrics.update({k: v * share for k, v in micro_metrics.items()})
+            metrics.update({"loss": float(loss.detach()) * share, "entropy": token_entropy * share})
+        return True, metrics
+
+    def micro_batch_loss(self, batch: RolloutBatch, rows: torch.Tensor, sub: RolloutBatch, stats: dict[str, Any]
+                         ) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor, dict[str, float]]:
+        """The training forward of the ``rows`` of ``batch`` (``sub``: those rows on the device) and its losses:
+        (the objective's loss with its entropy bonus, the MoE router losses (0.0 for a dense model), the token
+        entropy ``[B, T]``, metrics)."""
+        router_loss, router_metrics = 0.0, {}
+        with self.autocast():
+            if self.is_moe:
+                logprobs, entropy, router_loss, router_metrics = self.moe_forward(batch, rows, sub)
+            else:
+                logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature,
+                                                      with_entropy=True, rows=rows,
+                                                      row_by_row_min_width=self.row_by_row_min_width,
+                                                      entropy_grad=self.algo.entropy_coef > 0)
+        old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
+        loss, metrics = self.algo.policy_loss(
+            logprobs=logprobs, old_logprobs=old, advantages=sub.advantages, mask=sub.response_mask,
+            group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs, stats=stats_for_rows(stats, rows))
+        metrics = {**metrics, **router_metrics}
+        if self.algo.entropy_coef > 0:  # every objective: -coef × entropy, averaged as its loss
+            bonus = self.algo.entropy_bonus(entropy, sub.response_mask.to(entropy.device), sub.group_ids)
+            loss = loss + bonus
+            metrics["entropy_bonus"] = float(bonus.detach())
+        return loss, router_loss, entropy, metrics
 
     # ------------------------------------------------------------------------------------------- the loop
 
