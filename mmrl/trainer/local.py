@@ -74,7 +74,7 @@ from mmrl.trainer.rollout import (
 )
 from mmrl.trainer.run_dir import RunDir, claim, refuse_finished
 from mmrl.trainer.schedule import build_scheduler
-from mmrl.trainer.sft import warm_up
+from mmrl.trainer.sft import run_demonstrations, warm_up
 from mmrl.trainer.vision_prompts import PromptCache, prompts_vision
 
 log = logging.getLogger("mmrl")
@@ -803,10 +803,11 @@ def _vision_prompts(cfg: TrainConfig, task: Task | EnvTask, vision) -> PromptCac
 
 def _setup_sft_warmup(cfg: TrainConfig, task: EnvTask, policy: Policy, owner: RunDir) -> None:
     """The supervised warm-up (``sft.steps``) of a fresh run's policy, in place; its losses go to ``sft.jsonl``."""
+    demos = run_demonstrations(cfg, task, policy.tokenizer)
     owner.record("sft.jsonl")
     autocast = lambda: torch.autocast(policy.device.type, dtype=policy.compute_dtype,  # noqa: E731
                                       enabled=policy.compute_dtype != torch.float32)
-    warm_up(cfg, task, policy.tokenizer, policy.model, owner.path / "sft.jsonl", autocast)
+    warm_up(cfg, demos, policy.tokenizer, policy.model, owner.path / "sft.jsonl", autocast)
 
 
 def _setup_reference(cfg: TrainConfig, algo: algos.Algorithm, policy: Policy) -> torch.nn.Module | None:

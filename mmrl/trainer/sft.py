@@ -8,8 +8,9 @@ rollouts, so a demonstration is token for token the sequence an RL episode that 
 prompt, same feedback turns, same masks. The loss is the mean negative log-likelihood of the expert's tokens (loss
 mask 1), conditioned on everything before them.
 
-Only demonstrations that the env scores as won are kept (the others are counted in a warning). :func:`warm_up` is
-the local trainer's warm-up phase: the run's demonstrations, its steps with a progress bar, its ``sft.jsonl``.
+Only demonstrations that the env scores as won are kept (the others are counted in a warning).
+:func:`run_demonstrations` and :func:`warm_up` are the local trainer's warm-up phase: a run's demonstrations, then
+its steps with a progress bar and its ``sft.jsonl``.
 """
 
 from __future__ import annotations
@@ -113,12 +114,9 @@ def sft_warmup(model, demos: list[Group], pad_id: int, steps: int, lr: float, ba
     return losses
 
 
-def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, log_path: Path, autocast) -> list[float]:
-    """The SFT warm-up of a run (``sft.*``) on its training games' demonstrations; returns the loss per step.
-
-    Needs the policy in training precision (``autocast``: a context factory) and writes each step's loss to
-    ``log_path`` (the run's ``sft.jsonl``) as it is made.
-    """
+def run_demonstrations(cfg: TrainConfig, task: EnvTask, tokenizer) -> list[Group]:
+    """The demonstrations a run's warm-up trains on (``sft.demos`` training games, ``sft.demos_per_row`` each), in
+    its agent layout and episode budget."""
     s = cfg.sft
     rows = task.train[: s.demos] if s.demos else task.train
     t0 = time.perf_counter()
@@ -126,6 +124,14 @@ def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, log_path: Path, a
                                   per_row=s.demos_per_row, layout=cfg.rollout.agent_layout)
     log.info("sft warm-up: %d demonstrations rendered in %.1f s; %d steps", len(demos), time.perf_counter() - t0,
              s.steps)
+    return demos
+
+
+def warm_up(cfg: TrainConfig, demos: list[Group], tokenizer, model, log_path: Path, autocast) -> list[float]:
+    """A run's SFT warm-up (``sft.*``) of ``model`` on ``demos`` (:func:`run_demonstrations`); returns the loss per
+    step, each also written to ``log_path`` (the run's ``sft.jsonl``) as it is made. ``autocast``: a factory of the
+    run's mixed-precision context."""
+    s = cfg.sft
     # a warm-up runs for minutes before the first RL step: the same progress bar as the RL loop shows it moving
     bar = tqdm(total=s.steps, disable=not cfg.run.progress, desc="sft warm-up", unit="step", dynamic_ncols=True)
     with log_path.open("w") as out, bar:
