@@ -19,6 +19,7 @@ GVPO's replay of historical responses as an off-policy π_s, GVPO's Theorem 3.2;
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -680,19 +681,24 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
         _setup_sft_warmup(cfg, task, policy, owner)
     ref_model = _setup_reference(cfg, algo, policy)
     optimizer, scheduler = _setup_optimizer(cfg, policy.model)
-    env_pool = _setup_env_pool(cfg, task)  # last: nothing after this can fail and leak the workers
-    trainer = Trainer(cfg, algo, task, policy.tokenizer, policy.model, ref_model, optimizer, scheduler,
-                      PromptSampler(len(task.train), cfg.run.seed),
-                      ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
-                      owner.path, policy.device, policy.compute_dtype, prompt_cache=policy.prompt_cache,
-                      renderer=policy.renderer, env_pool=env_pool, is_moe=bool(policy.routers),
-                      moe_experts=max((r.num_experts for _, r in policy.routers), default=0),
-                      moe_top_k=policy.routers[0][1].top_k if policy.routers else 0, vision=policy.vision,
-                      eval_sets=eval_sets, vision_prompts=_vision_prompts(cfg, task, policy.vision), owner=owner)
-    log.info("task %s: %s", task.name, task.description)
-    if resumed is not None:
-        _restore_resumed(cfg, trainer, resumed)
-    owner.record_config(cfg, trainer.step)
+    with contextlib.ExitStack() as on_failure:
+        env_pool = _setup_env_pool(cfg, task)  # last: a refusal before it leaves no worker processes to stop
+        if env_pool is not None:  # a refused resume or a failed config.json write leaves no worker behind
+            on_failure.callback(env_pool.close)
+        trainer = Trainer(cfg, algo, task, policy.tokenizer, policy.model, ref_model, optimizer, scheduler,
+                          PromptSampler(len(task.train), cfg.run.seed),
+                          ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
+                          owner.path, policy.device, policy.compute_dtype, prompt_cache=policy.prompt_cache,
+                          renderer=policy.renderer, env_pool=env_pool, is_moe=bool(policy.routers),
+                          moe_experts=max((r.num_experts for _, r in policy.routers), default=0),
+                          moe_top_k=policy.routers[0][1].top_k if policy.routers else 0, vision=policy.vision,
+                          eval_sets=eval_sets, vision_prompts=_vision_prompts(cfg, task, policy.vision),
+                          owner=owner)
+        log.info("task %s: %s", task.name, task.description)
+        if resumed is not None:
+            _restore_resumed(cfg, trainer, resumed)
+        owner.record_config(cfg, trainer.step)
+        on_failure.pop_all()  # started: from here the trainer owns the pool, and Trainer.run closes it
     return trainer
 
 
