@@ -42,7 +42,7 @@ from mmrl.algos.base import stats_for_rows
 from mmrl.batch import Group, Response, RolloutBatch, collate
 from mmrl.errors import Interrupted, UserError, checkpoint_note
 from mmrl.models import load_tokenizer
-from mmrl.models.lora import FrozenBase, add_lora, load_policy_weights, policy_weights
+from mmrl.models.lora import FrozenBase, LoraSettings, add_lora, load_policy_weights, policy_weights
 from mmrl.rewards.base import RewardResult
 from mmrl.samples import SAMPLES_FILE, RunSamples, group_records
 from mmrl.tasks import Task
@@ -754,6 +754,7 @@ class Policy:
     renderer: TurnRenderer | None  # multi-turn tasks: the chat-template pieces of an episode
     prompt_cache: dict[int, list[int]]  # text tasks: every training prompt's ids, encoded and checked at start
     routers: list[tuple[str, Any]]  # an MoE's router modules (empty for a dense model)
+    lora: LoraSettings | None  # the adapters ``model`` trains (None: a full fine-tune)
 
 
 def _setup_policy(cfg: TrainConfig, task: Task | EnvTask) -> Policy:
@@ -772,7 +773,8 @@ def _setup_policy(cfg: TrainConfig, task: Task | EnvTask) -> Policy:
     lora = lora_settings(cfg)
     if lora is not None:  # only the adapters train; the frozen base is the reference (_setup_reference)
         model = add_lora(model, lora, cfg.model.gradient_checkpointing)
-    return Policy(model, tokenizer, device, getattr(torch, cfg.model.dtype), vision, renderer, prompt_cache, routers)
+    return Policy(model, tokenizer, device, getattr(torch, cfg.model.dtype), vision, renderer, prompt_cache, routers,
+                  lora)
 
 
 def _setup_prompts(cfg: TrainConfig, task: Task | EnvTask, tokenizer,
@@ -821,7 +823,7 @@ def _setup_reference(cfg: TrainConfig, algo: algos.Algorithm, policy: Policy) ->
     otherwise): the LoRA base under the adapters, or a copy of the (warmed-up) model."""
     if not reference_needed(algo, cfg):
         return None
-    if lora_settings(cfg) is not None:
+    if policy.lora is not None:
         return FrozenBase(policy.model)
     return copy.deepcopy(policy.model).requires_grad_(False).eval()
 
