@@ -121,3 +121,19 @@ def test_eval_help_lists_only_what_eval_reads():
         assert flag in proc.stdout
     for flag in ("--algo", "--optim.", "--rollout.temperature", "--cluster.", "--max-new-tokens"):
         assert flag not in proc.stdout, flag
+
+
+def test_loading_an_embedded_policy_draws_no_weight_loading_bar(tmp_path, capfd):
+    """An embedded model loads in a blink: transformers' per-load "Loading weights" bar only fills the run's log. Its
+    other bars, and its warnings, stay as they were."""
+    from transformers.utils.logging import tqdm as transformers_tqdm
+
+    from mmrl.trainer.build import load_policy
+    from mmrl.trainer.config import resolve_config
+
+    capfd.readouterr()
+    load_policy(resolve_config([({"run.out_dir": str(tmp_path / "run")}, "test")]), torch.device("cpu"))
+    assert "Loading weights" not in capfd.readouterr().err
+    for _ in transformers_tqdm(range(3), desc="after the load"):
+        pass
+    assert "after the load" in capfd.readouterr().err

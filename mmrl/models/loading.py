@@ -12,8 +12,10 @@ A spec is one of:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -103,10 +105,28 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str | torc
     where = loadable(spec)
     auto = AutoModelForImageTextToText if family_of(where) is not None else AutoModelForCausalLM
     try:
-        model = auto.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
+        with no_loading_bar() if is_embedded(spec) else contextlib.nullcontext():
+            model = auto.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise UserError(f"model: cannot load {spec!r}: {first_line(exc)}") from None
     return model.to(device)
+
+
+@contextlib.contextmanager
+def no_loading_bar() -> Iterator[None]:
+    """transformers' own progress bars hidden for the time of one load (transformers 5 draws "Loading weights" on
+    each): an embedded model loads in a blink, and its bar would fill every run's log. Through transformers' tqdm
+    hook, so that the hub's download bars and every warning are untouched, and the hook before it is put back."""
+    try:
+        from transformers.utils.logging import set_tqdm_hook
+    except ImportError:  # transformers 4: no hook, and no bar per load either
+        yield
+        return
+    previous = set_tqdm_hook(lambda factory, args, kwargs: factory(*args, **{**kwargs, "disable": True}))
+    try:
+        yield
+    finally:
+        set_tqdm_hook(previous)
 
 
 def load_vision_processor(spec: str, min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS,

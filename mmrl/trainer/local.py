@@ -19,9 +19,9 @@ GVPO's replay of historical responses as an off-policy π_s, GVPO's Theorem 3.2;
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-import json
 import logging
 import random
 import signal
@@ -42,7 +42,7 @@ from mmrl.algos.base import stats_for_rows
 from mmrl.batch import Group, Response, RolloutBatch, collate
 from mmrl.errors import Interrupted, UserError, checkpoint_note
 from mmrl.models import load_tokenizer
-from mmrl.models.lora import FrozenBase, add_lora, load_policy_weights, policy_weights
+from mmrl.models.lora import FrozenBase, LoraSettings, add_lora, load_policy_weights, policy_weights
 from mmrl.replay import ReplayStore
 from mmrl.rewards.base import RewardResult
 from mmrl.samples import SAMPLES_FILE, RunSamples, group_records
@@ -76,6 +76,7 @@ from mmrl.trainer.rollout import (
 )
 from mmrl.trainer.run_dir import RunDir, claim, refuse_finished
 from mmrl.trainer.schedule import build_scheduler
+from mmrl.trainer.sft import run_demonstrations, warm_up
 from mmrl.trainer.vision_prompts import PromptCache, prompts_vision
 
 log = logging.getLogger("mmrl")
@@ -371,62 +372,31 @@ class Trainer:
             current.append(rows)
         return out + [torch.cat(current)]
 
+    @property
+    def router_losses(self) -> bool:
+        """An MoE trained with a router loss (``moe.aux_loss_coef`` / ``moe.z_loss_coef``): a mini-batch has loss to
+        step on even when no response token carries any."""
+        return self.is_moe and (self.cfg.moe.aux_loss_coef > 0 or self.cfg.moe.z_loss_coef > 0)
+
     def update(self, batch: RolloutBatch, stats: dict[str, Any]) -> dict[str, float]:
-        """K epochs over mini-batches of whole groups; one optimizer step per mini-batch, accumulated exactly over
-        micro-batches (each weighted by its share of the objective's ``loss_mass``)."""
+        """K epochs over mini-batches of whole groups; one optimizer step per mini-batch, its gradient accumulated
+        over micro-batches (:meth:`accumulate`). A step whose loss or gradient is not finite is skipped."""
         o = self.cfg.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
         order_rng = torch.Generator().manual_seed(self.cfg.run.seed * 1_000_003 + self.step)
         n_groups = int(batch.group_ids.max()) + 1
-        temperature = self.cfg.rollout.temperature
         sums: Counter[str] = Counter()
         updates = skipped = 0
         for _ in range(o.epochs):
             for chunk in torch.randperm(n_groups, generator=order_rng).chunk(o.minibatches):
                 micro = self.micro_batches(batch, chunk)
                 masses = [self.algo.loss_mass(batch.response_mask[r], batch.group_ids[r]) for r in micro]
-                total = sum(masses)
-                router_losses = self.is_moe and (self.cfg.moe.aux_loss_coef > 0 or self.cfg.moe.z_loss_coef > 0)
-                if total == 0 and not router_losses:
+                if sum(masses) == 0 and not self.router_losses:
                     continue  # nothing in this mini-batch carries loss (e.g. only empty responses)
-                n_rows = sum(len(r) for r in micro)
-                self.optimizer.zero_grad(set_to_none=True)
-                step_metrics: Counter[str] = Counter()
-                finite = True
-                for rows, mass in zip(micro, masses, strict=True):
-                    sub = batch.select(rows).to(self.device)
-                    router_loss, router_metrics = 0.0, {}
-                    with self.autocast():
-                        if self.is_moe:
-                            logprobs, entropy, router_loss, router_metrics = self.moe_forward(batch, rows, sub)
-                        else:
-                            logprobs, entropy = response_logprobs(self.model, batch, temperature,
-                                                                  with_entropy=True, rows=rows,
-                                                                  row_by_row_min_width=self.row_by_row_min_width,
-                                                                  entropy_grad=self.algo.entropy_coef > 0)
-                    old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
-                    loss, metrics = self.algo.policy_loss(
-                        logprobs=logprobs, old_logprobs=old, advantages=sub.advantages,
-                        mask=sub.response_mask, group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs,
-                        stats=stats_for_rows(stats, rows))
-                    metrics = {**metrics, **router_metrics}
-                    if self.algo.entropy_coef > 0:  # every objective: -coef × entropy, averaged as its loss
-                        bonus = self.algo.entropy_bonus(entropy, sub.response_mask.to(entropy.device), sub.group_ids)
-                        loss = loss + bonus
-                        metrics["entropy_bonus"] = float(bonus.detach())
-                    if not (torch.isfinite(loss) and torch.isfinite(torch.as_tensor(router_loss))):
-                        finite = False  # NaN/inf never reaches the optimizer
-                        break
-                    share = mass / total if total else 0.0
-                    # The policy loss is weighted by the objective's loss mass, router losses by tokens' rows.
-                    (loss * share + router_loss * (len(rows) / n_rows)).backward()
-                    mask = sub.response_mask
-                    token_entropy = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-                    step_metrics.update({k: v * share for k, v in metrics.items()})
-                    step_metrics.update({"loss": float(loss.detach()) * share, "entropy": token_entropy * share})
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip) if finite else torch.tensor(0.0)
-                if not finite or not torch.isfinite(grad_norm):
-                    self.optimizer.zero_grad(set_to_none=True)
+                finite, step_metrics = self.accumulate(batch, stats, micro, masses)
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip) if finite else None
+                if grad_norm is None or not torch.isfinite(grad_norm):
+                    self.optimizer.zero_grad(set_to_none=True)  # NaN/inf never reaches the optimizer
                     skipped += 1
                     continue
                 self.optimizer.step()
@@ -437,6 +407,56 @@ class Trainer:
         out = {k: v / max(updates, 1) for k, v in sums.items()}
         out.update(updates=float(updates), skipped_updates=float(skipped))
         return out
+
+    def accumulate(self, batch: RolloutBatch, stats: dict[str, Any], micro: list[torch.Tensor],
+                   masses: list[float]) -> tuple[bool, Counter[str]]:
+        """The gradient of one mini-batch, accumulated exactly over its micro-batches (``micro``: the rows of each;
+        ``masses``: each one's ``algo.loss_mass``) into the parameters' ``.grad``, for one optimizer step.
+
+        Each micro-batch's loss is weighted by its share of the mini-batch's loss mass, its router losses by its
+        share of rows, so the sum is the whole mini-batch's gradient; the metrics are weighted alike. Returns
+        (finite, metrics); (False, nothing) at the first non-finite loss, with part of the gradient accumulated.
+        """
+        total, n_rows = sum(masses), sum(len(r) for r in micro)
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: Counter[str] = Counter()
+        for rows, mass in zip(micro, masses, strict=True):
+            sub = batch.select(rows).to(self.device)
+            loss, router_loss, entropy, micro_metrics = self.micro_batch_loss(batch, rows, sub, stats)
+            if not (torch.isfinite(loss) and torch.isfinite(torch.as_tensor(router_loss))):
+                return False, Counter()
+            share = mass / total if total else 0.0
+            (loss * share + router_loss * (len(rows) / n_rows)).backward()
+            mask = sub.response_mask
+            token_entropy = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+            metrics.update({k: v * share for k, v in micro_metrics.items()})
+            metrics.update({"loss": float(loss.detach()) * share, "entropy": token_entropy * share})
+        return True, metrics
+
+    def micro_batch_loss(self, batch: RolloutBatch, rows: torch.Tensor, sub: RolloutBatch, stats: dict[str, Any]
+                         ) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor, dict[str, float]]:
+        """The training forward of the ``rows`` of ``batch`` (``sub``: those rows on the device) and its losses:
+        (the objective's loss with its entropy bonus, the MoE router losses (0.0 for a dense model), the token
+        entropy ``[B, T]``, metrics)."""
+        router_loss, router_metrics = 0.0, {}
+        with self.autocast():
+            if self.is_moe:
+                logprobs, entropy, router_loss, router_metrics = self.moe_forward(batch, rows, sub)
+            else:
+                logprobs, entropy = response_logprobs(self.model, batch, self.cfg.rollout.temperature,
+                                                      with_entropy=True, rows=rows,
+                                                      row_by_row_min_width=self.row_by_row_min_width,
+                                                      entropy_grad=self.algo.entropy_coef > 0)
+        old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
+        loss, metrics = self.algo.policy_loss(
+            logprobs=logprobs, old_logprobs=old, advantages=sub.advantages, mask=sub.response_mask,
+            group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs, stats=stats_for_rows(stats, rows))
+        metrics = {**metrics, **router_metrics}
+        if self.algo.entropy_coef > 0:  # every objective: -coef × entropy, averaged as its loss
+            bonus = self.algo.entropy_bonus(entropy, sub.response_mask.to(entropy.device), sub.group_ids)
+            loss = loss + bonus
+            metrics["entropy_bonus"] = float(bonus.detach())
+        return loss, router_loss, entropy, metrics
 
     # ------------------------------------------------------------------------------------------- the loop
 
@@ -623,54 +643,17 @@ class Trainer:
 
 
 # ----------------------------------------------------------------------------------------------- building
-
-
-def warm_up(cfg: TrainConfig, task: EnvTask, tokenizer, model, owner: RunDir, autocast) -> list[float]:
-    """The SFT warm-up (``sft.steps``) on the training games' demonstrations; losses go to ``sft.jsonl``."""
-    from mmrl.trainer.sft import render_demonstrations, sft_warmup
-
-    s = cfg.sft
-    rows = task.train[: s.demos] if s.demos else task.train
-    t0 = time.perf_counter()
-    demos = render_demonstrations(task, tokenizer, rows, cfg.rollout.max_episode_tokens, seed=cfg.run.seed,
-                                  per_row=s.demos_per_row, layout=cfg.rollout.agent_layout)
-    log.info("sft warm-up: %d demonstrations rendered in %.1f s; %d steps", len(demos), time.perf_counter() - t0,
-             s.steps)
-    owner.record("sft.jsonl")
-    # a warm-up runs for minutes before the first RL step: the same progress bar as the RL loop shows it moving
-    bar = tqdm(total=s.steps, disable=not cfg.run.progress, desc="sft warm-up", unit="step", dynamic_ncols=True)
-    with (owner.path / "sft.jsonl").open("w") as out, bar:
-        def write(step: int, loss: float) -> None:
-            out.write(json.dumps({"sft_step": step, "loss": loss}) + "\n")
-            out.flush()  # a long warm-up can be watched
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-
-        return sft_warmup(model, demos, tokenizer.pad_token_id, s.steps, s.lr, s.batch_size, seed=cfg.run.seed,
-                          autocast=autocast, on_step=write,
-                          row_by_row_min_width=ROW_BY_ROW_MIN_WIDTH if cfg.optim.row_by_row else 0)
+#
+# build_trainer runs the set-up phases below in this order. Everything that can be refused without a model is
+# refused before the run directory is claimed; the claim comes before the first model load (a second run into the
+# same --out stops in seconds), and a start refused after the claim leaves no new folder behind.
 
 
 def build_trainer(cfg: TrainConfig) -> Trainer:
-    """Validate everything that can be checked before loading a model, then load; fail with one line."""
+    """The run of ``cfg``, ready to :meth:`~Trainer.run`; bad input fails with one line."""
     validate(cfg)
-    task = build_task(cfg)
-    eval_sets = build_eval_sets(cfg, task)
-    algo = build_algorithm(cfg, task.multi_turn)  # the same call as the openrlhf backend's
-    if cfg.model.lora_rank and cfg.sft.steps and reference_needed(algo, cfg):
-        raise UserError("config: model.lora_rank with sft.steps and a reference model: the reference would be the "
-                         "base before the warm-up, not the warmed-up policy; use a full fine-tune or no KL")
-    if algo.on_policy_only and cfg.optim.epochs * cfg.optim.minibatches > 1:
-        log.warning("%s has no importance ratio: with %d updates per rollout it is off-policy after the first",
-                    algo.name, cfg.optim.epochs * cfg.optim.minibatches)
-    for name, off in (("top_k", 0), ("repetition_penalty", 1.0)):
-        if getattr(cfg.rollout, name) != off and task.multi_turn:
-            raise UserError(f"config: rollout.{name} is not available for multi-turn tasks on the local backend (its "
-                             f"episode sampler draws from the tempered policy and top_p only)")
-    if cfg.rollout.top_p < 1 or cfg.rollout.top_k or cfg.rollout.repetition_penalty != 1.0:
-        log.warning("rollout.top_p < 1, rollout.top_k > 0 or rollout.repetition_penalty != 1: responses are sampled "
-                    "from a modified distribution but scored under the full one; ratio-free objectives (gpg, gvpo) "
-                    "get a biased gradient")
+    task, eval_sets = _setup_task(cfg)
+    algo = _setup_objective(cfg, task)
     owner = claim(cfg)  # locked for this run; refuses a foreign folder or a resume that changes what is trained
     try:
         return _build_claimed(cfg, task, eval_sets, algo, owner)
@@ -681,26 +664,136 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
 
 def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalSet], algo: algos.Algorithm,
                    owner: RunDir) -> Trainer:
-    run_dir = owner.path
-    # Read before the model is built: a checkpoint that cannot be used (damaged, an older mmrl's) fails in seconds.
-    resumed = load_latest(run_dir) if cfg.run.resume else None
+    """The phases that run in the claimed directory ``owner``, in order."""
+    resumed = _read_resumed(cfg, owner)
+    _setup_seeds(cfg)
+    policy = _setup_policy(cfg, task)
+    if not cfg.run.resume:  # a fresh run must never resume or prune into an earlier one's checkpoints
+        owner.clear_previous()  # only what that run recorded; anything else stays (and is named)
+    if cfg.sft.steps and not cfg.run.resume:  # before the reference copy: RL starts from (and is anchored to) SFT
+        _setup_sft_warmup(cfg, task, policy, owner)
+    ref_model = _setup_reference(cfg, algo, policy)
+    optimizer, scheduler = _setup_optimizer(cfg, policy.model)
+    with contextlib.ExitStack() as on_failure:
+        env_pool = _setup_env_pool(cfg, task)  # last: a refusal before it leaves no worker processes to stop
+        if env_pool is not None:  # a refused resume or a failed config.json write leaves no worker behind
+            on_failure.callback(env_pool.close)
+        trainer = Trainer(cfg, algo, task, policy.tokenizer, policy.model, ref_model, optimizer, scheduler,
+                          PromptSampler(len(task.train), cfg.run.seed),
+                          ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
+                          owner.path, policy.device, policy.compute_dtype, prompt_cache=policy.prompt_cache,
+                          renderer=policy.renderer, env_pool=env_pool, is_moe=bool(policy.routers),
+                          moe_experts=max((r.num_experts for _, r in policy.routers), default=0),
+                          moe_top_k=policy.routers[0][1].top_k if policy.routers else 0, vision=policy.vision,
+                          eval_sets=eval_sets, vision_prompts=_vision_prompts(cfg, task, policy.vision),
+                          owner=owner)
+        log.info("task %s: %s", task.name, task.description)
+        if resumed is not None:
+            _restore_resumed(cfg, trainer, resumed)
+        owner.record_config(cfg, trainer.step)
+        on_failure.pop_all()  # started: from here the trainer owns the pool, and Trainer.run closes it
+    return trainer
+
+
+def _setup_task(cfg: TrainConfig) -> tuple[Task | EnvTask, list[EvalSet]]:
+    """The task with its reward, and the named evaluation sets (``evaluation.sets``; empty: ``run.eval_*`` on the
+    task's held-out split). Needs a validated config; checks every option that depends on the task's kind."""
+    task = build_task(cfg)
+    return task, build_eval_sets(cfg, task)
+
+
+def _setup_objective(cfg: TrainConfig, task: Task | EnvTask) -> algos.Algorithm:
+    """The objective, built as the openrlhf backend builds it, and the checks of the local loop's settings against
+    it: a refusal is one line, a setting that works against it a warning."""
+    algo = build_algorithm(cfg, task.multi_turn)
+    if cfg.model.lora_rank and cfg.sft.steps and reference_needed(algo, cfg):
+        raise UserError("config: model.lora_rank with sft.steps and a reference model: the reference would be the "
+                         "base before the warm-up, not the warmed-up policy; use a full fine-tune or no KL")
+    if algo.on_policy_only and cfg.optim.epochs * cfg.optim.minibatches > 1:
+        log.warning("%s has no importance ratio: with %d updates per rollout it is off-policy after the first",
+                    algo.name, cfg.optim.epochs * cfg.optim.minibatches)
+    modified = {"rollout.top_k": cfg.rollout.top_k != 0,
+                "rollout.repetition_penalty": cfg.rollout.repetition_penalty != 1.0}
+    for name, is_set in modified.items():
+        if is_set and task.multi_turn:
+            raise UserError(f"config: {name} is not available for multi-turn tasks on the local backend (its "
+                             f"episode sampler draws from the tempered policy and top_p only)")
+    if cfg.rollout.top_p < 1 or any(modified.values()):
+        log.warning("rollout.top_p < 1, rollout.top_k > 0 or rollout.repetition_penalty != 1: responses are sampled "
+                    "from a modified distribution but scored under the full one; ratio-free objectives (gpg, gvpo) "
+                    "get a biased gradient")
+    return algo
+
+
+def _read_resumed(cfg: TrainConfig, owner: RunDir) -> tuple[Path, dict[str, Any], list[Path]] | None:
+    """With ``run.resume``, the newest usable checkpoint of the claimed directory as (path, state, unreadable newer
+    ones); None for a fresh run. Read before any model is built: a checkpoint that cannot be used (damaged, an
+    older mmrl's) fails in seconds."""
+    return load_latest(owner.path) if cfg.run.resume else None
+
+
+def _setup_seeds(cfg: TrainConfig) -> None:
+    """CPU threads (``model.threads``) and every random generator seeded from ``run.seed``, before any weight or
+    sample is drawn."""
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
+
+
+@dataclasses.dataclass
+class Policy:
+    """What the policy phase builds: the model to train and everything that turns samples into its tokens."""
+
+    model: torch.nn.Module  # float32 master weights on ``device``, in train mode, LoRA-wrapped when asked
+    tokenizer: Any
+    device: torch.device
+    compute_dtype: torch.dtype  # the forward passes' precision (``model.dtype``)
+    vision: Any  # the VisionProcessor of a task with images, else None
+    renderer: TurnRenderer | None  # multi-turn tasks: the chat-template pieces of an episode
+    prompt_cache: dict[int, list[int]]  # text tasks: every training prompt's ids, encoded and checked at start
+    routers: list[tuple[str, Any]]  # an MoE's router modules (empty for a dense model)
+    lora: LoraSettings | None  # the adapters ``model`` trains (None: a full fine-tune)
+
+
+def _setup_policy(cfg: TrainConfig, task: Task | EnvTask) -> Policy:
+    """Device, vision processor, tokenizer and prompt checks, then the model with its MoE router options, gradient
+    checkpointing and LoRA adapters. Needs the task (its prompts are checked against ``rollout.*`` budgets before the
+    model loads)."""
     device = pick_device(cfg.model.device)
     vision = load_vision(cfg, task)  # None for a text task
     tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
-    renderer = TurnRenderer(tokenizer, task.system_prompt) if task.multi_turn else None
-    if task.multi_turn:
-        check_episode_budget(task, renderer, cfg)
-        prompt_cache = {}
-    elif vision is not None:  # image prompts are encoded lazily through the vision prompt cache
-        prompt_cache = {}
-    else:
-        prompt_cache = encode_all_prompts(task, tokenizer, cfg.rollout.max_prompt_tokens)
+    renderer, prompt_cache = _setup_prompts(cfg, task, tokenizer, vision)
     model = load_policy(cfg, device)
+    routers = _setup_routers(cfg, model)
+    model.train()  # train mode only for gradient checkpointing; dropout is off
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    lora = lora_settings(cfg)
+    if lora is not None:  # only the adapters train; the frozen base is the reference (_setup_reference)
+        model = add_lora(model, lora, cfg.model.gradient_checkpointing)
+    return Policy(model, tokenizer, device, getattr(torch, cfg.model.dtype), vision, renderer, prompt_cache, routers,
+                  lora)
+
+
+def _setup_prompts(cfg: TrainConfig, task: Task | EnvTask, tokenizer,
+                   vision) -> tuple[TurnRenderer | None, dict[int, list[int]]]:
+    """(episode renderer, prompt cache): a multi-turn task's first game must leave room for a turn; a text task's
+    prompts are encoded now, failing on the first one longer than ``rollout.max_prompt_tokens``; image prompts are
+    encoded lazily (their lengths were checked by ``load_vision``)."""
+    if task.multi_turn:
+        renderer = TurnRenderer(tokenizer, task.system_prompt)
+        check_episode_budget(task, renderer, cfg)
+        return renderer, {}
+    if vision is not None:
+        return None, {}
+    return None, encode_all_prompts(task, tokenizer, cfg.rollout.max_prompt_tokens)
+
+
+def _setup_routers(cfg: TrainConfig, model: torch.nn.Module) -> list[tuple[str, Any]]:
+    """An MoE's routers with the ``moe.*`` options applied (routing replay checked, routers frozen); ``moe.*`` set on
+    a dense model is one line."""
     routers = moe.find_routers(model)
     if not routers and cfg.moe != type(cfg.moe)():
         raise UserError(f"config: moe.* options are set but {cfg.model.name!r} has no MoE router")
@@ -708,51 +801,64 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
         moe.check_replayable(model)
     if routers and cfg.moe.freeze_router:
         moe.freeze_routers(model)
-    model.train()  # train mode only for gradient checkpointing; dropout is off
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    lora = lora_settings(cfg)
-    if lora is not None:  # only the adapters train; the frozen base is the reference below
-        model = add_lora(model, lora, cfg.model.gradient_checkpointing)
-    compute_dtype = getattr(torch, cfg.model.dtype)
-    if not cfg.run.resume:  # a fresh run must never resume or prune into an earlier one's checkpoints
-        owner.clear_previous()  # only what that run recorded; anything else stays (and is named)
-    if cfg.sft.steps and not cfg.run.resume:  # before the reference copy: RL starts from (and is anchored to) SFT
-        autocast = lambda: torch.autocast(device.type, dtype=compute_dtype,  # noqa: E731
-                                          enabled=compute_dtype != torch.float32)
-        warm_up(cfg, task, tokenizer, model, owner, autocast)
-    ref_model = None
-    if reference_needed(algo, cfg):
-        ref_model = FrozenBase(model) if lora is not None else copy.deepcopy(model).requires_grad_(False).eval()
+    return routers
+
+
+def _vision_prompts(cfg: TrainConfig, task: Task | EnvTask, vision) -> PromptCache | None:
+    """The training split's image prompts, encoded lazily through ``vision`` (None for a text task)."""
+    return None if vision is None else PromptCache(vision, task.train, "train", cfg.rollout.max_prompt_tokens)
+
+
+def _setup_sft_warmup(cfg: TrainConfig, task: EnvTask, policy: Policy, owner: RunDir) -> None:
+    """The supervised warm-up (``sft.steps``) of a fresh run's policy, in place; its losses go to ``sft.jsonl``."""
+    demos = run_demonstrations(cfg, task, policy.tokenizer)
+    owner.record("sft.jsonl")
+    autocast = lambda: torch.autocast(policy.device.type, dtype=policy.compute_dtype,  # noqa: E731
+                                      enabled=policy.compute_dtype != torch.float32)
+    warm_up(cfg, demos, policy.tokenizer, policy.model, owner.path / "sft.jsonl", autocast)
+
+
+def _setup_reference(cfg: TrainConfig, algo: algos.Algorithm, policy: Policy) -> torch.nn.Module | None:
+    """The frozen initial policy when the objective reads reference log-probs or KL to it is tracked (None
+    otherwise): the LoRA base under the adapters, or a copy of the (warmed-up) model."""
+    if not reference_needed(algo, cfg):
+        return None
+    if policy.lora is not None:
+        return FrozenBase(policy.model)
+    return copy.deepcopy(policy.model).requires_grad_(False).eval()
+
+
+def _setup_optimizer(cfg: TrainConfig, model: torch.nn.Module
+                     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """AdamW over the trainable parameters and its schedule (``optim.*``), one scheduler step per optimizer step:
+    ``run.steps`` × epochs × mini-batches in all."""
     o = cfg.optim
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas,
                                   weight_decay=o.weight_decay)
     scheduler = build_scheduler(optimizer, o.schedule, o.warmup_steps, cfg.run.steps * o.epochs * o.minibatches,
                                 o.min_lr_ratio)
-    env_pool = None
-    if task.multi_turn and cfg.rollout.env_workers:  # last: nothing after this can fail and leak the workers
-        from mmrl.envs.pool import EnvPool
+    return optimizer, scheduler
 
-        env_pool = EnvPool(task.env_class, cfg.rollout.env_workers, step_timeout=cfg.rollout.env_step_timeout)
-    trainer = Trainer(cfg, algo, task, tokenizer, model, ref_model, optimizer, scheduler,
-                      PromptSampler(len(task.train), cfg.run.seed),
-                      ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
-                      run_dir, device, compute_dtype, prompt_cache=prompt_cache, renderer=renderer, env_pool=env_pool,
-                      is_moe=bool(routers), moe_experts=max((r.num_experts for _, r in routers), default=0),
-                      moe_top_k=routers[0][1].top_k if routers else 0, vision=vision, eval_sets=eval_sets,
-                      vision_prompts=None if vision is None else PromptCache(vision, task.train, "train",
-                                                                             cfg.rollout.max_prompt_tokens),
-                      owner=owner)
-    log.info("task %s: %s", task.name, task.description)
-    if resumed is not None:
-        existing, state, unreadable = resumed
-        for path in unreadable:
-            log.warning("set aside as %s", set_aside(path))
-        trainer.restore(state, existing)
-        refuse_finished(cfg, trainer.step, existing)
-        log.info("resumed from %s at step %d", existing, trainer.step)
-    owner.record_config(cfg, trainer.step)
-    return trainer
+
+def _setup_env_pool(cfg: TrainConfig, task: Task | EnvTask):
+    """The worker processes that run a multi-turn task's envs (``rollout.env_workers``); None to run them in this
+    process."""
+    if not (task.multi_turn and cfg.rollout.env_workers):
+        return None
+    from mmrl.envs.pool import EnvPool
+
+    return EnvPool(task.env_class, cfg.rollout.env_workers, step_timeout=cfg.rollout.env_step_timeout)
+
+
+def _restore_resumed(cfg: TrainConfig, trainer: Trainer, resumed: tuple[Path, dict[str, Any], list[Path]]) -> None:
+    """The state of the checkpoint ``_read_resumed`` found, loaded into ``trainer``; the unreadable newer ones are
+    set aside, and a resume of a run that is already finished is one line."""
+    existing, state, unreadable = resumed
+    for path in unreadable:
+        log.warning("set aside as %s", set_aside(path))
+    trainer.restore(state, existing)
+    refuse_finished(cfg, trainer.step, existing)
+    log.info("resumed from %s at step %d", existing, trainer.step)
 
 
 def train(cfg: TrainConfig) -> tuple[dict[str, Any], Trainer]:

@@ -9,21 +9,29 @@ prompt, same feedback turns, same masks. The loss is the mean negative log-likel
 mask 1), conditioned on everything before them.
 
 Only demonstrations that the env scores as won are kept (the others are counted in a warning).
+:func:`run_demonstrations` and :func:`warm_up` are the local trainer's warm-up phase: a run's demonstrations, then
+its steps with a progress bar and its ``sft.jsonl``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import random
+import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from mmrl.batch import Group, collate
 from mmrl.errors import UserError
 from mmrl.tasks.base import EnvTask
+from mmrl.trainer.config import TrainConfig
 from mmrl.trainer.episodes import Episode, Turn, TurnRenderer, run_episodes
 from mmrl.trainer.rollout import ROW_BY_ROW_MIN_WIDTH, response_logprobs
 
@@ -84,8 +92,6 @@ def sft_warmup(model, demos: list[Group], pad_id: int, steps: int, lr: float, ba
     ``on_step(step, loss)`` is called after each step (logging). A non-finite loss skips the step. Demonstrations are
     whole episodes: by default batches this wide are scored one row at a time on the CPU (0 = padded batches).
     """
-    import contextlib
-
     rng = random.Random(seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -106,3 +112,35 @@ def sft_warmup(model, demos: list[Group], pad_id: int, steps: int, lr: float, ba
             on_step(step, losses[-1])
     model.train(was_training)
     return losses
+
+
+def run_demonstrations(cfg: TrainConfig, task: EnvTask, tokenizer) -> list[Group]:
+    """The demonstrations a run's warm-up trains on (``sft.demos`` training games, ``sft.demos_per_row`` each), in
+    its agent layout and episode budget."""
+    s = cfg.sft
+    rows = task.train[: s.demos] if s.demos else task.train
+    t0 = time.perf_counter()
+    demos = render_demonstrations(task, tokenizer, rows, cfg.rollout.max_episode_tokens, seed=cfg.run.seed,
+                                  per_row=s.demos_per_row, layout=cfg.rollout.agent_layout)
+    log.info("sft warm-up: %d demonstrations rendered in %.1f s; %d steps", len(demos), time.perf_counter() - t0,
+             s.steps)
+    return demos
+
+
+def warm_up(cfg: TrainConfig, demos: list[Group], tokenizer, model, log_path: Path, autocast) -> list[float]:
+    """A run's SFT warm-up (``sft.*``) of ``model`` on ``demos`` (:func:`run_demonstrations`); returns the loss per
+    step, each also written to ``log_path`` (the run's ``sft.jsonl``) as it is made. ``autocast``: a factory of the
+    run's mixed-precision context."""
+    s = cfg.sft
+    # a warm-up runs for minutes before the first RL step: the same progress bar as the RL loop shows it moving
+    bar = tqdm(total=s.steps, disable=not cfg.run.progress, desc="sft warm-up", unit="step", dynamic_ncols=True)
+    with log_path.open("w") as out, bar:
+        def write(step: int, loss: float) -> None:
+            out.write(json.dumps({"sft_step": step, "loss": loss}) + "\n")
+            out.flush()  # a long warm-up can be watched
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+        return sft_warmup(model, demos, tokenizer.pad_token_id, s.steps, s.lr, s.batch_size, seed=cfg.run.seed,
+                          autocast=autocast, on_step=write,
+                          row_by_row_min_width=ROW_BY_ROW_MIN_WIDTH if cfg.optim.row_by_row else 0)
