@@ -14,9 +14,10 @@ ZeRO-2 on gloo, checkpoints and ``--resume``; rollouts come from the HF rollout 
   equal what ``mmrl.algos`` -- the local trainer's code -- computes on the whole step that rank's share came from,
   and GVPO's groups arrive whole on one rank (its group moments are then the whole group's).
 
-Six runs, because each costs a Ray job's start-up (every actor imports torch, DeepSpeed and OpenRLHF; ~1 min on
+Seven runs, because each costs a Ray job's start-up (every actor imports torch, DeepSpeed and OpenRLHF; ~1 min on
 2 cores): GRPO (with its reference model) and Dr.GRPO on the embedded text model; GVPO on it with 2 policy ranks (its
-groups must arrive whole on one rank), once more with historical replay for 3 steps; GPG on it, resumed to step 3.
+groups must arrive whole on one rank), once more with historical replay for 2 steps, resumed to step 3; GPG on it,
+resumed to step 3.
 The vision task (GeoQA, the embedded Qwen2.5-VL), ALFWorld on 2 policy ranks with the env pool, CW-GRPO and GMPO run
 in tests/test_recipes.py, as one step of each paper recipe (the same checks, plus the recipe's own objective, schedule
 and evaluation sets).
@@ -30,6 +31,8 @@ import math
 import pytest
 import torch
 from rehearsal_run import check_run, check_statistics, rehearse, step_items, step_records
+
+from mmrl.openrlhf.checkpoint import read_replay_store
 
 pytestmark = pytest.mark.slow
 SMALL = ["--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "8", "--rollout.max_new_tokens", "8",
@@ -55,36 +58,56 @@ def test_rehearsal_of_gpg_resumes_to_step_3(ray_address, tmp_path):
     check_statistics(out, "gpg", 3, 8)
 
 
-def test_rehearsal_of_gvpo_replays_each_prompts_latest_responses(ray_address, tmp_path):
-    """``--rollout.replay_historical 2`` on 2 policy ranks for 3 steps. The split keeps 3 problems for training, so
-    every step trains the same 2 prompts: from step 2 on each group holds 6 fresh responses and, after them, the 2
-    most recent fresh responses of its prompt from earlier steps, with their rewards."""
+def response_row(sequence, attention, action, reward) -> tuple[tuple, tuple, float]:
+    """(prompt tokens, response tokens, reward) of one row of a sample's tensors."""
+    prompt_end = int(action.nonzero()[0]) + 1
+    return (tuple(sequence[:prompt_end].tolist()), tuple(sequence[prompt_end:][attention[prompt_end:] > 0].tolist()),
+            float(reward))
+
+
+def test_rehearsal_of_gvpo_replays_each_prompts_latest_responses_across_a_resume(ray_address, tmp_path):
+    """``--rollout.replay_historical 2`` on 2 policy ranks for 2 steps, then ``--resume`` to step 3. The split keeps
+    3 problems for training, so every step trains the same 2 prompts: from step 2 on each group holds 6 fresh
+    responses and, after them, the 2 most recent fresh responses of its prompt from earlier steps, with their
+    rewards. The store saved with the step-2 checkpoint holds each prompt's 8 most recent fresh responses with their
+    behaviour log-probs, and step 3 of the resumed run replays the last 2 of them."""
     out, k = tmp_path / "gvpo_replay", 2
-    rehearse(ray_address, out, "--algo", "gvpo", "--task", "arithmetic", "--task.max_operand", "1", "--steps", "3",
+    rehearse(ray_address, out, "--algo", "gvpo", "--task", "arithmetic", "--task.max_operand", "1", "--steps", "2",
              "--rollout.replay_historical", str(k), "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
              *SMALL)
+    check_run(out, 2)
+    store = read_replay_store(out / "checkpoints" / "_actor" / "global_step2")  # read before step 3 may prune it
+    record = json.loads((out / ".mmrl-run.json").read_text())["files"]
+    assert any("checkpoints/_actor/global_step2/mmrl_replay".startswith(f + "/") for f in record)
+    rehearse(ray_address, out, "--resume", "--steps", "3")
     check_run(out, 3)
     check_statistics(out, "gvpo", 3, 8)
+
+    saved: dict[tuple, list[tuple[tuple, float]]] = {}  # each prompt's stored responses (tokens, reward), in order
+    for entry in store["prompts"]:
+        rows = [response_row(s["sequences"][0], s["attention_mask"][0], s["action_mask"][0], s["rewards"][0])
+                for s in entry["samples"]]
+        assert len({r[0] for r in rows}) == 1 and len(rows) == 8
+        assert all(s["action_log_probs"] is not None for s in entry["samples"])  # their behaviour log-probs
+        saved[rows[0][0]] = [(r[1], r[2]) for r in rows]
     history: dict[tuple, list[tuple[tuple, float]]] = {}  # each prompt's fresh responses (tokens, reward), in order
     for step in (1, 2, 3):
-        groups = [(it["sequences"][i], it["attention_mask"][i], it["action_mask"][i], float(it["rewards"][i]))
+        groups = [response_row(it["sequences"][i], it["attention_mask"][i], it["action_mask"][i], it["rewards"][i])
                   for share in step_items(out, step).values() for it in share for i in range(len(it["rewards"]))]
         assert len(groups) == 16
         for start in range(0, 16, 8):
-            rows = []
-            for sequence, attention, action, reward in groups[start:start + 8]:
-                prompt_end = int(action.nonzero()[0]) + 1
-                rows.append((tuple(sequence[:prompt_end].tolist()),
-                             tuple(sequence[prompt_end:][attention[prompt_end:] > 0].tolist()), reward))
+            rows = groups[start:start + 8]
             prompt = rows[0][0]
             assert all(r[0] == prompt for r in rows)  # one prompt per group
             past = history.get(prompt, [])
-            replayed = rows[8 - k:] if step > 1 else []
-            assert [(r[1], r[2]) for r in replayed] == past[-k:] if step > 1 else not past
+            replayed = [(r[1], r[2]) for r in rows[8 - k:]] if step > 1 else []
+            assert replayed == past[-k:] if step > 1 else not past
+            if step == 3:  # the resumed run replays from the store the checkpoint saved
+                assert past[-8:] == saved[prompt] and replayed == saved[prompt][-k:]
             history.setdefault(prompt, []).extend((r[1], r[2]) for r in rows[:8 - k if step > 1 else 8])
     records = step_records(out)
     assert [r["replay/responses"] for r in records] == [0, 2 * k, 2 * k]
-    assert all(math.isfinite(r["replay/logprob_shift"]) for r in records[1:])
+    assert all(math.isfinite(r["replay/logprob_shift"]) for r in records[1:])  # step 3's: the restored behaviour
 
 
 def test_rehearsal_of_gigpo_in_the_turn_layout_on_two_ranks(ray_address, tmp_path):

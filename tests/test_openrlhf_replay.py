@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,9 +20,10 @@ from openrlhf_stubs import openrlhf_importable
 
 from mmrl.algos.gvpo import gvpo_weights
 from mmrl.batch import Group, Response
+from mmrl.errors import UserError
 from mmrl.openrlhf.grouping import runs_of_groups
 from mmrl.openrlhf.launch import resolve_launch
-from mmrl.openrlhf.replay import SampleReplay
+from mmrl.openrlhf.replay import SampleReplay, stored_fields
 from mmrl.replay import ReplayStore
 from mmrl.rewards.base import RewardResult
 from mmrl.train import parse_config
@@ -272,3 +274,109 @@ def test_dynamic_filtering_is_refused_with_replay(tmp_path, embedded_model_dir):
     with pytest.raises(ValueError) as err:
         resolve_launch(cfg, write=False)
     assert "cannot be combined with --algo.dynamic_filtering_enable" in str(err.value) and "\n" not in str(err.value)
+
+
+def same_fields(a, b) -> bool:
+    """Two values equal field for field, tensors by dtype, shape and content."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(same_fields(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_fields(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def filled_replay() -> SampleReplay:
+    """A store after one step of prompts A and B, each stored sample with its behaviour log-probs (float32 and
+    bf16), its group id and a field its own step computed."""
+    replay = SampleReplay(N, K)
+    replay.start_step()
+    for s in replay.mix([sample(p, [10, 20 + j, 30 + j][: 1 + j % 3], float(j % 2)) for p in "AB" for j in range(N)]):
+        width = s.action_mask.shape[1]
+        s.action_log_probs = -torch.rand(1, width, dtype=torch.float32 if s.prompts[0] == "A" else torch.bfloat16)
+        s.info["mmrl_group_id"] = torch.tensor([ord(s.prompts[0])])
+        s.advantages = torch.ones(1, width)
+    return replay
+
+
+def second_round(replay: SampleReplay) -> list:
+    replay.start_step()
+    fresh = [sample(p, [11, 40 + j], float(j)) for p in "BAC" for j in range(replay.fresh_count(p, f"label of {p}"))]
+    return replay.mix(fresh)
+
+
+def test_a_saved_store_restores_each_prompts_samples_and_replays_as_the_uninterrupted_one(tmp_path):
+    replay = filled_replay()
+    tag = tmp_path / "_actor" / "global_step1"
+    tag.mkdir(parents=True)
+    saved = replay.save(tag)
+    assert saved == tag / "mmrl_replay" and [p.name for p in tag.iterdir()] == ["mmrl_replay"]
+    assert sorted(p.name for p in saved.iterdir()) == ["SHA256SUMS", "state.json", "tensors.safetensors"]
+    assert "pickle" not in (saved / "state.json").read_text()
+
+    restored = SampleReplay(N, K)
+    restored.restore(tag, Experience)
+    assert list(restored.store.by_prompt) == list(replay.store.by_prompt)
+    for key, samples in replay.store.by_prompt.items():
+        back = list(restored.store.by_prompt[key])
+        assert len(back) == len(samples) == N and all(type(s) is Experience for s in back)
+        for original, copy_ in zip(samples, back, strict=True):
+            assert same_fields(stored_fields(original), stored_fields(copy_))
+            assert copy_.advantages is None  # what its own step computed is not kept
+        assert restored.store.by_prompt[key].maxlen == N
+
+    # the next step, from the store in memory and from the restored one: the same groups, the same behaviour
+    uninterrupted, resumed = second_round(replay), second_round(restored)
+    assert len(uninterrupted) == len(resumed) == 3 * N
+    assert all(same_fields(stored_fields(a), stored_fields(b)) for a, b in zip(uninterrupted, resumed, strict=True))
+    assert [same_fields(replay.replayed[id(a)].action_log_probs, restored.replayed[id(b)].action_log_probs)
+            for a, b in zip(uninterrupted, resumed, strict=True) if id(a) in replay.replayed] == [True] * 2 * K
+
+    replay.save(tag)  # a second save of the same tag replaces the first, leaving nothing beside it
+    assert [p.name for p in tag.iterdir()] == ["mmrl_replay"]
+
+
+def test_a_missing_damaged_or_foreign_store_is_refused_in_one_line_naming_it(tmp_path):
+    tag = tmp_path / "global_step1"
+    tag.mkdir()
+    with pytest.raises(UserError, match="mmrl_replay is missing") as err:
+        SampleReplay(N, K).restore(tag, Experience)
+    assert str(tag / "mmrl_replay") in str(err.value) and "\n" not in str(err.value)
+
+    filled_replay().save(tag)
+    with pytest.raises(UserError, match="not this run's GVPO replay store") as err:
+        SampleReplay(N, 1).restore(tag, Experience)  # another run's layout: groups replaying 1
+    assert str(tag / "mmrl_replay") in str(err.value) and "\n" not in str(err.value)
+
+    tensors = tag / "mmrl_replay" / "tensors.safetensors"
+    data = bytearray(tensors.read_bytes())
+    data[-1] ^= 1
+    tensors.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="is damaged") as err:
+        SampleReplay(N, K).restore(tag, Experience)
+    assert str(tag / "mmrl_replay") in str(err.value) and "tensors.safetensors" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def resumed_launch(out: Path, *flags: str):
+    return resolve_launch(parse_config(["--backend", "openrlhf", "--algo", "gvpo", "--out", str(out), "--resume",
+                                        "--cluster.gpus_per_node", "1", "--cluster.vllm_engines", "1",
+                                        "--rollout.prompts_per_step", "4", "--rollout.samples_per_prompt", str(N),
+                                        *flags]), write=False)
+
+
+def test_a_resume_with_replay_checks_the_store_of_the_checkpoint_deepspeed_loads_before_ray_starts(
+        tmp_path, embedded_model_dir):
+    actor = tmp_path / "checkpoints" / "_actor"
+    for tag in ("global_step1", "global_step2"):
+        (actor / tag).mkdir(parents=True)
+    (actor / "latest").write_text("global_step2")
+    filled_replay().save(actor / "global_step1")  # an older tag's store is not the one resumed
+    with pytest.raises(UserError) as err:
+        resumed_launch(tmp_path, "--rollout.replay_historical", str(K))
+    assert str(err.value).startswith(f"{actor / 'global_step2' / 'mmrl_replay'} is missing")
+    assert resumed_launch(tmp_path).args.mmrl["replay_historical"] == 0  # replay off: no store is read
+    filled_replay().save(actor / "global_step2")
+    assert resumed_launch(tmp_path, "--rollout.replay_historical", str(K)).args.ckpt.load_enable

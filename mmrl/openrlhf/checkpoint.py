@@ -6,6 +6,11 @@ crafted file names (a shell command as easily as a tensor). While :func:`weights
 read at each call), and the only classes it may build besides tensors and containers are the DeepSpeed types a
 checkpoint of mmrl's runs holds (:data:`DEEPSPEED_TYPES`). A file that names anything else is refused with one line,
 before any of it is built. mmrl's strategy (:mod:`mmrl.openrlhf.strategy`) loads every checkpoint under it.
+
+GVPO's replay store (:mod:`mmrl.openrlhf.replay`) is saved with each policy checkpoint, in the tag's own folder
+(``_actor/<tag>/mmrl_replay/``), so that OpenRLHF's rotation of old tags removes it with them. It is the local
+trainer's checkpoint format (`mmrl.trainer.checkpoint`: ``state.json``, ``tensors.safetensors``, ``SHA256SUMS``),
+written into a temporary folder and renamed into place: a kill midway leaves no store, never half of one.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,8 +27,11 @@ from pathlib import Path
 import torch
 
 from mmrl.errors import UserError
+from mmrl.trainer.checkpoint import PARTIAL_PREFIX, read_state, verify, write_state
 
 FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+ACTOR_DIR = "_actor"  # OpenRLHF's DeepSpeed checkpoints of the policy, under ``ckpt.path``
+REPLAY_DIR = "mmrl_replay"  # GVPO's replay store, inside the tag folder it was saved with
 
 
 def deepspeed_types() -> list[type]:
@@ -80,3 +90,34 @@ def weights_only_loading(folder: str | Path) -> Iterator[None]:
             os.environ.pop(FORCE_WEIGHTS_ONLY, None)
         else:
             os.environ[FORCE_WEIGHTS_ONLY] = previous
+
+
+def write_replay_store(tag_folder: str | Path, state: dict) -> Path:
+    """Save a replay store's state (tensors, containers, JSON values) as ``tag_folder/mmrl_replay``, replacing an
+    earlier save of the same tag."""
+    tag_folder = Path(tag_folder)
+    target = tag_folder / REPLAY_DIR
+    tmp = Path(tempfile.mkdtemp(dir=tag_folder, prefix=PARTIAL_PREFIX))
+    try:
+        write_state(tmp, {"replay": state})
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def read_replay_store(tag_folder: str | Path) -> dict:
+    """The replay store's state saved with the checkpoint ``tag_folder``; UserError, one line naming the folder or
+    file, when it is missing, damaged or not a replay store."""
+    folder = Path(tag_folder) / REPLAY_DIR
+    if not folder.is_dir():
+        raise UserError(f"{folder} is missing: the checkpoint has no GVPO replay store (rollout.replay_historical), "
+                         f"which a resumed run needs to replay what the uninterrupted one would")
+    verify(folder)
+    state = read_state(folder)
+    if not isinstance(state, dict) or not isinstance(state.get("replay"), dict):
+        raise UserError(f"{folder} is not a GVPO replay store (its state.json holds no 'replay')")
+    return state["replay"]

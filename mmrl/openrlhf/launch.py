@@ -42,7 +42,7 @@ from mmrl.openrlhf.evaluation import set_spec
 from mmrl.openrlhf.rehearsal import FLAGS as REHEARSAL_FLAGS
 from mmrl.openrlhf.rehearsal import LOG_DIR as REHEARSAL_LOG_DIR
 from mmrl.openrlhf.rehearsal import gpu_note as rehearsal_gpu_note
-from mmrl.openrlhf.replay import check_replay_flags
+from mmrl.openrlhf.replay import check_replay_flags, check_resumed_store
 from mmrl.openrlhf.reward import reward_file_text
 from mmrl.trainer.build import build_algorithm, build_task
 from mmrl.trainer.config import TrainConfig, validate
@@ -262,6 +262,7 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     args, notes = parse_openrlhf_args(argv)
     check_supported(args)
     check_replay_flags(args, cfg.rollout.replay_historical)
+    check_resumed_store(args, cfg.rollout.replay_historical)
 
     def write_files() -> None:  # only once everything is checked: a refused launch leaves nothing behind
         annotate = vision_annotator(path) if most else None

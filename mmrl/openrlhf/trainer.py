@@ -4,18 +4,23 @@ has a resampling rule (GPG's β_th, ``Algorithm.resampling``), the resampling ge
 It subclasses the plain class behind ``PPOTrainer`` (``__ray_actor_class__``), is re-wrapped with ``ray.remote``, and
 keeps OpenRLHF's whole loop (``fit``: generate → make experience → train the policy actors → sync weights to vLLM →
 log, evaluate, checkpoint). Only two members built in ``__init__`` are replaced, right after OpenRLHF built them,
-and, with ``evaluation.sets``, ``evaluate`` runs each set from its own prompt file with its own sampling.
+and, with ``evaluation.sets``, ``evaluate`` runs each set from its own prompt file with its own sampling. With GVPO's
+historical replay, each policy checkpoint also saves the replay store, and ``--resume`` loads it back.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import ray
 import torch
 from openrlhf.datasets import PromptDataset
 from openrlhf.datasets.utils import blending_datasets
 from openrlhf.trainer.ppo_trainer import PPOTrainer
+from openrlhf.trainer.ppo_utils.experience import Experience
 
 import mmrl.algos as algos
+from mmrl.openrlhf.checkpoint import ACTOR_DIR, checkpoint_folder
 from mmrl.openrlhf.evaluation import average, set_generate_kwargs, set_metrics
 from mmrl.openrlhf.experience import MmrlExperienceMaker
 from mmrl.openrlhf.metrics import StepMetrics
@@ -62,15 +67,34 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
         self.metrics.write(global_step, logs_dict or {})
         self.last_client_states = dict(client_states or {})
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+        if global_step % self.args.ckpt.save_steps == 0:
+            self.save_replay(f"global_step{global_step}")
+
+    def save_best_checkpoint(self, eval_metrics, global_step, client_states=None):
+        best = self.best_eval_metric_value
+        super().save_best_checkpoint(eval_metrics, global_step, client_states)
+        if self.best_eval_metric_value != best:  # OpenRLHF saved a best_ tag, which `latest` now names
+            self.save_replay(f"best_global_step{global_step}")
+
+    def save_replay(self, tag: str) -> None:
+        """With replay: the store, saved inside the policy checkpoint ``tag`` just written. A tag DeepSpeed did not
+        write (``--ckpt.disable_ds``) cannot be resumed, so it gets no store either."""
+        replay = self.experience_maker.replay
+        folder = Path(self.args.ckpt.path) / ACTOR_DIR / tag
+        if replay is not None and folder.is_dir():
+            replay.save(folder)
 
     def fit(self, global_step: int = 0) -> None:
         """OpenRLHF's loop, with what the local trainer does and OpenRLHF's loop does not: with ``run.eval_every`` >
         0, an evaluation of the model before its first update (step 0: the base model's row beside the trained one);
         after the last step, an evaluation (``run.eval_every 0`` means "only at the end"; OpenRLHF's ``--eval.steps
         -1`` means never) and a checkpoint (so that ``--resume`` can continue any finished run)."""
-        start = int(self.init_checkpoint_states()["global_step"]) or global_step
-        self.samples_generator.steps_done = start
-        if not start and self.eval_dataloader and self.args.eval.steps > 0:
+        resumed = int(self.init_checkpoint_states()["global_step"])
+        self.samples_generator.steps_done = resumed or global_step
+        if resumed and self.experience_maker.replay is not None:  # the tag DeepSpeed loaded: `latest` names it
+            self.experience_maker.replay.restore(checkpoint_folder(Path(self.args.ckpt.path) / ACTOR_DIR, None),
+                                                 Experience)
+        if not (resumed or global_step) and self.eval_dataloader and self.args.eval.steps > 0:
             self.evaluate(0, **self._eval_generate_kwargs())
         super().fit(global_step)
         last = self.metrics.last_step
@@ -85,6 +109,7 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
                       "latest_eval_metric_value": self._latest_eval_metric_value}
             ray.get(self.actor_model_group.async_run_method(method_name="save_checkpoint", tag=f"global_step{last}",
                                                             client_states=states))
+            self.save_replay(f"global_step{last}")
 
     def _eval_generate_kwargs(self) -> dict:
         """OpenRLHF's evaluation sampling, as its loop builds it, without the rollout's top-k and repetition penalty,
