@@ -219,7 +219,9 @@ def _check_recipe_step(out: Path, cfg, recipe_cfg, stdout: str, rows_per_set: di
     step = step_records(out)[0]
     # an untrained agent in 3-turn episodes may fail every game alike; the recipes' entropy bonus still moves it
     assert any_group_varies(out, 1) or (cfg.task.name == "alfworld" and algo.entropy_coef > 0)
-    assert step["actor_grad_norm"] > 0 and math.isfinite(step["actor_grad_norm"])
+    # OpenRLHF's actor_grad_norm is the step's last optimizer step only, whose mini-batch may hold no varying group
+    assert math.isfinite(step["actor_grad_norm"])
+    assert step["mmrl/grad_norm"] > 0 and math.isfinite(step["mmrl/grad_norm"])
     items = [it for share in step_items(out, 1).values() for it in share]
     assert step["loss"] == pytest.approx(_objective_value(algo, items), rel=0.02, abs=2e-3)
     # KL to the reference model: kept and read by the loss exactly when the recipe has a KL coefficient

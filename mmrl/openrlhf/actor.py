@@ -110,6 +110,7 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
         sums: dict[str, float] = defaultdict(float)
         weight = objective = total = 0.0
         step = 0
+        norms: list[float] = []
         items = list(self.replay_buffer.items)
         own = len(whole_group_micro_batches([int(_per_sample(it.info[GROUP_KEY])[0]) for it in items],
                                             self.micro_train_batch_size))
@@ -147,12 +148,19 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
                     # the objective itself, weighted by its loss mass: the whole step's value of the objective
                     objective += float(self.actor_loss_fn.last_loss) * mass
                     total += mass
+                # the window's last micro-step is its optimizer step; DeepSpeed's global norm is the same on every
+                # rank. OpenRLHF reports only the step's last norm; the mean over all of them is the local backend's
+                # `grad_norm`, and shows a gradient even when the last mini-batch's groups had none.
+                if "actor_grad_norm" in last:
+                    norms.append(float(last["actor_grad_norm"]))
         keys = sorted(sums)
         reduced = _all_reduce_sum([sums[k] for k in keys] + [objective, total, weight], self.strategy)
         out = {k: v / max(reduced[-1], 1.0) for k, v in zip(keys, reduced[:-3], strict=True)}
         out["policy_loss"] = reduced[-3] / reduced[-2] if reduced[-2] > 0 else 0.0
         if step:
             out.update({k: float(last[k]) for k in ("actor_lr", "actor_grad_norm") if k in last})
+        if norms:
+            out["mmrl/grad_norm"] = sum(norms) / len(norms)
         return out
 
 
