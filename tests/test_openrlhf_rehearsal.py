@@ -14,13 +14,13 @@ ZeRO-2 on gloo, checkpoints and ``--resume``; rollouts come from the HF rollout 
   equal what ``mmrl.algos`` -- the local trainer's code -- computes on the whole step that rank's share came from,
   and GVPO's groups arrive whole on one rank (its group moments are then the whole group's).
 
-Seven runs, because each costs a Ray job's start-up (every actor imports torch, DeepSpeed and OpenRLHF; ~1 min on
-2 cores): GRPO (with its reference model) and Dr.GRPO on the embedded text model; GVPO on it with 2 policy ranks (its
-groups must arrive whole on one rank), once more with historical replay for 2 steps, resumed to step 3; GPG on it,
-resumed to step 3.
-The vision task (GeoQA, the embedded Qwen2.5-VL), ALFWorld on 2 policy ranks with the env pool, CW-GRPO and GMPO run
-in tests/test_recipes.py, as one step of each paper recipe (the same checks, plus the recipe's own objective, schedule
-and evaluation sets).
+Three tests of five runs, because each run costs a Ray job's start-up (every actor imports torch, DeepSpeed and
+OpenRLHF; ~20 s on 2 cores): Dr.GRPO on the embedded text model; GVPO on it with 2 policy ranks (its groups must
+arrive whole on one rank) and historical replay for 2 steps, resumed to step 3; GPG on it, resumed to step 3.
+GRPO with its reference model, the vision task (GeoQA, the embedded Qwen2.5-VL), ALFWorld in the turn layout on 2
+policy ranks with the env pool (GiGPO for 2 steps), CW-GRPO and GMPO run in tests/test_recipes.py, as one step of
+each paper recipe and of each paper's GRPO baseline (the same checks, plus the recipe's own objective, schedule and
+evaluation sets).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import json
 import math
 
 import pytest
-import torch
 from rehearsal_run import check_run, check_statistics, rehearse, step_items, step_records
 
 from mmrl.openrlhf.checkpoint import read_replay_store
@@ -39,14 +38,12 @@ SMALL = ["--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "8",
          "--run.eval_samples", "1", "--model.threads", "1"]
 
 
-@pytest.mark.parametrize("name,ranks", [("grpo", 1), ("dr_grpo", 1), ("gvpo", 2)])
-def test_rehearsal_of_each_objective(name, ranks, ray_address, tmp_path):
-    out = tmp_path / name
-    layout = ["--cluster.gpus_per_node", str(ranks), "--cluster.vllm_engines", str(ranks)]
-    rehearse(ray_address, out, "--algo", name, "--task", "arithmetic", "--steps", "2", *SMALL, *layout)
+def test_rehearsal_of_dr_grpo(ray_address, tmp_path):
+    out = tmp_path / "dr_grpo"
+    rehearse(ray_address, out, "--algo", "dr_grpo", "--task", "arithmetic", "--steps", "2", *SMALL)
     check_run(out, 2)
-    check_statistics(out, name, 2, 8)
-    assert len(list((out / "rehearsal").glob("rank*_step1.pt"))) == ranks
+    check_statistics(out, "dr_grpo", 2, 8)
+    assert len(list((out / "rehearsal").glob("rank*_step1.pt"))) == 1
 
 
 def test_rehearsal_of_gpg_resumes_to_step_3(ray_address, tmp_path):
@@ -108,31 +105,3 @@ def test_rehearsal_of_gvpo_replays_each_prompts_latest_responses_across_a_resume
     records = step_records(out)
     assert [r["replay/responses"] for r in records] == [0, 2 * k, 2 * k]
     assert all(math.isfinite(r["replay/logprob_shift"]) for r in records[1:])  # step 3's: the restored behaviour
-
-
-def test_rehearsal_of_gigpo_in_the_turn_layout_on_two_ranks(ray_address, tmp_path):
-    """GiGPO on ALFWorld with every env step its own row (the local backend's window prompt), 2 policy ranks and 2
-    engines: each step's rows are turns of 2 games x 4 episodes, dealt to both ranks, with GiGPO's advantages."""
-    pytest.importorskip("alfworld")
-    out = tmp_path / "gigpo-turn"
-    rehearse(ray_address, out, "--algo", "gigpo", "--task", "alfworld", "--rollout.agent_layout", "turn",
-             "--model", "embedded:tiny-qwen2-agent", "--steps", "2", "--task.n_per_type", "1",
-             "--task.n_eval_per_type", "1", "--task.max_eval_games", "2", "--task.max_steps", "3",
-             "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "16",
-             "--optim.micro_batch_size", "2", "--optim.minibatch_turns", "8", "--cluster.gpus_per_node", "2",
-             "--cluster.vllm_engines", "2", "--run.eval_samples", "1", "--model.threads", "1")
-    check_run(out, 2, weights_show_step=False)  # GiGPO's step term moves weights even when returns are all equal
-    trained = [json.loads(line) for line in (out / "rehearsal" / "objective.jsonl").read_text().splitlines()]
-    assert [t["algo"] for t in trained] == ["gigpo"]
-    for step, record in enumerate(step_records(out), start=1):
-        shares = step_items(out, step)
-        assert sorted(shares) == [f"rank0_step{step}.pt", f"rank1_step{step}.pt"]  # both ranks got rows
-        items = [it for share in shares.values() for it in share]
-        rows = sum(it["rewards"].numel() for it in items)
-        assert rows == record["rollout/num_samples"] >= 2 * 4  # one row per turn of the 8 episodes
-        assert all(it["action_mask"].sum(1).max() <= 16 for it in items)  # a row is one turn (16 new tokens)
-        groups = torch.cat([it["group_ids"] for it in items])
-        assert set(groups.tolist()) <= {0, 1}
-        advantages = torch.cat([(it["advantages"] * it["action_mask"]).sum(1) / it["action_mask"].sum(1).clamp(min=1)
-                                for it in items])
-        assert torch.isfinite(advantages).all()

@@ -1,5 +1,6 @@
 """Each paper recipe of examples/cluster/ through its real ``--dry-run``, on stand-in files in its datasets' layouts,
-and one real training step of each in the CPU rehearsal (``--cluster.rehearsal true``) with the embedded model.
+and one real training step of each, and of each paper's GRPO baseline recipe, in the CPU rehearsal
+(``--cluster.rehearsal true``) with the embedded model.
 
 ``python -m mmrl.train --backend openrlhf --config <recipe> --dry-run`` builds the task from the files (so a column,
 split or directory the recipe names must exist in the real layout), checks the batch split over the recipe's GPUs,
@@ -199,17 +200,17 @@ def _rehearse_recipe(recipe: str, address: str, tmp_path: Path, *flags: str):
     return out, cfg, parse_config(config), done.stdout
 
 
-def _check_recipe_step(out: Path, cfg, recipe_cfg, stdout: str, rows_per_set: dict[str, int]) -> dict:
-    """What every recipe's rehearsal step must show; returns the step's metrics line."""
+def _check_recipe_step(out: Path, cfg, recipe_cfg, stdout: str, rows_per_set: dict[str, int], steps: int = 1) -> dict:
+    """What every recipe's rehearsal run of ``steps`` steps must show; returns step 1's metrics line."""
     from mmrl.openrlhf.args import optimizer_steps
     from mmrl.trainer.build import build_algorithm
     from mmrl.trainer.schedule import build_scheduler
 
-    check_run(out, 1, weights_show_step=False)
+    check_run(out, steps, weights_show_step=False)
     # the objective the policy's loss function called is the recipe's, every hyper-parameter the YAML sets included
     trained = [json.loads(line) for line in (out / "rehearsal" / "objective.jsonl").read_text().splitlines()]
     algo = build_algorithm(cfg, cfg.task.name == "alfworld")
-    assert [t["algo"] for t in trained] == [recipe_cfg.algo.name]
+    assert {t["algo"] for t in trained} == {recipe_cfg.algo.name}
     assert trained[0]["params"] == dataclasses.asdict(algo)
     assert {k: trained[0]["params"][k] for k in recipe_cfg.algo.params} == recipe_cfg.algo.params
     if cfg.rollout.agent_layout == "episode":  # turn rows: tests/test_openrlhf_turns.py checks their advantages
@@ -234,13 +235,13 @@ def _check_recipe_step(out: Path, cfg, recipe_cfg, stdout: str, rows_per_set: di
     for _ in range(total):
         optimizer.step()
         scheduler.step()
-    assert step["actor_lr"] == pytest.approx(scheduler.get_last_lr()[0], abs=1e-12)
+    assert step_records(out)[-1]["actor_lr"] == pytest.approx(scheduler.get_last_lr()[0], abs=1e-12)
     assert cfg.optim.schedule == recipe_cfg.optim.schedule and cfg.optim.lr == recipe_cfg.optim.lr
     # every evaluation set of the recipe ran, on all its problems, with its own metric: at step 0 (the base model,
     # before any update: the paper's base row) and after the last step
     assert [s["name"] for s in cfg.evaluation.sets] == [s["name"] for s in recipe_cfg.evaluation.sets]
     evaluation = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval/average" in r]
-    assert recipe_cfg.run.eval_every > 0 and [r["step"] for r in evaluation] == [0, 1]
+    assert recipe_cfg.run.eval_every > steps and [r["step"] for r in evaluation] == [0, steps]
     assert "loss" not in evaluation[0]  # step 0 trained nothing
     for record in evaluation:
         for s in cfg.evaluation.sets:
@@ -250,8 +251,8 @@ def _check_recipe_step(out: Path, cfg, recipe_cfg, stdout: str, rows_per_set: di
 
 
 @pytest.mark.slow
-def test_gpg_geoqa_recipe_rehearsal_step(ray_address, tmp_path):
-    recipe = "gpg_geoqa_qwen2.5-vl-3b"
+@pytest.mark.parametrize("recipe", ["gpg_geoqa_qwen2.5-vl-3b", "grpo_geoqa_qwen2.5-vl-3b"])
+def test_geoqa_recipe_rehearsal_step(recipe, ray_address, tmp_path):
     train = recipe_data.geoqa_r1v_train(tmp_path, 20)
     sets = _shrunk_sets(recipe, {"geoqa_test": recipe_data.geoqa_r1v_test(tmp_path, 5)}, 16)
     out, cfg, recipe_cfg, stdout = _rehearse_recipe(
@@ -266,26 +267,27 @@ def test_gpg_geoqa_recipe_rehearsal_step(ray_address, tmp_path):
 
 
 @pytest.mark.slow
-def test_gvpo_math_recipe_rehearsal_step(ray_address, tmp_path):
-    recipe = "gvpo_math_qwen2.5-math-7b"
+@pytest.mark.parametrize("recipe", ["gvpo_math_qwen2.5-math-7b", "grpo_math_qwen2.5-math-7b"])
+def test_math_recipe_rehearsal_step(recipe, ray_address, tmp_path):
     train = recipe_data.math_lighteval_train(tmp_path, 40)
     sets = _shrunk_sets(recipe, recipe_data.math_eval_sets(tmp_path), 8)
     out, cfg, recipe_cfg, stdout = _rehearse_recipe(
         recipe, ray_address, tmp_path, "--model", "embedded:tiny-qwen2", "--task.path", train, *BARE_QUESTION, *sets,
         "--rollout.prompts_per_step", "4", "--rollout.max_new_tokens", "8")
     step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {s["name"]: 6 for s in cfg.evaluation.sets})
-    # group_sum: the official loss's scale, groups_per_micro_batch (4) x the mean over groups, not the mean itself
-    import mmrl.algos as algos
+    if cfg.algo.name == "gvpo":
+        # group_sum: the official loss's scale, groups_per_micro_batch (4) x the mean over groups, not the mean
+        import mmrl.algos as algos
 
-    items = [it for share in step_items(out, 1).values() for it in share]
-    group_mean = _objective_value(algos.get("gvpo", beta=cfg.algo.params["beta"]), items)
-    assert group_mean > 0 and step["loss"] == pytest.approx(4 * group_mean, rel=0.02)
+        items = [it for share in step_items(out, 1).values() for it in share]
+        group_mean = _objective_value(algos.get("gvpo", beta=cfg.algo.params["beta"]), items)
+        assert group_mean > 0 and step["loss"] == pytest.approx(4 * group_mean, rel=0.02)
     assert cfg.optim.minibatches == 4 and step["rollout/num_samples"] == 4 * 5  # 4 optimizer steps of one group each
 
 
 @pytest.mark.slow
-def test_cw_grpo_openrs_recipe_rehearsal_step(ray_address, tmp_path):
-    recipe = "cw_grpo_openrs_r1-distill-qwen-1.5b"
+@pytest.mark.parametrize("recipe", ["cw_grpo_openrs_r1-distill-qwen-1.5b", "grpo_openrs_r1-distill-qwen-1.5b"])
+def test_openrs_recipe_rehearsal_step(recipe, ray_address, tmp_path):
     train = recipe_data.open_rs_train(tmp_path, 30)
     sets = _shrunk_sets(recipe, recipe_data.math_eval_sets(tmp_path), 8)
     out, cfg, recipe_cfg, stdout = _rehearse_recipe(
@@ -297,23 +299,34 @@ def test_cw_grpo_openrs_recipe_rehearsal_step(ray_address, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["gmpo_alfworld_qwen2.5-1.5b-instruct", "gigpo_alfworld_qwen2.5-1.5b-instruct"])
+@pytest.mark.parametrize("recipe", ["gmpo_alfworld_qwen2.5-1.5b-instruct", "gigpo_alfworld_qwen2.5-1.5b-instruct",
+                                    "grpo_alfworld_qwen2.5-1.5b-instruct"])
 def test_alfworld_recipe_rehearsal_step(recipe, ray_address, tmp_path):
+    """GMPO and GiGPO on 2 policy ranks and 2 engines (GiGPO for 2 steps: its step-level advantages, every turn its
+    own row, dealt to both ranks), the GRPO baseline on 1 of each."""
     pytest.importorskip("alfworld")
     games = recipe_data.alfworld_official_tree(tmp_path, n_per_type=1)
+    ranks = 1 if recipe.startswith("grpo") else 2
+    steps = 2 if recipe.startswith("gigpo") else 1
     # 4 episodes per game (the recipe: 8), 3 turns (50) and 2 validation games (128): episodes are what costs here;
-    # 2 policy ranks and 2 engines, the env pool of 2 workers, 8 turn-samples per optimizer step (256) in
-    # micro-batches of 2 (16)
+    # the env pool of 2 workers, 8 turn-samples per optimizer step (256) in micro-batches of 2 (16)
     out, cfg, recipe_cfg, stdout = _rehearse_recipe(
         recipe, ray_address, tmp_path, "--model", "embedded:tiny-qwen2-agent", "--task.games_root", games,
         "--task.max_steps", "3", "--task.max_eval_games", "2", "--rollout.prompts_per_step", "2",
         "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "16", "--rollout.max_episode_tokens", "3072",
-        "--rollout.env_workers", "2", "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
-        "--optim.micro_batch_size", "2", "--optim.minibatch_turns", "8",
+        "--rollout.env_workers", "2", "--cluster.gpus_per_node", str(ranks), "--cluster.vllm_engines", str(ranks),
+        "--optim.micro_batch_size", "2", "--optim.minibatch_turns", "8", "--steps", str(steps),
         *_shrunk_sets(recipe, {}, 16))
-    step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {"alfworld_valid_seen": 2})
+    step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {"alfworld_valid_seen": 2}, steps)
     assert cfg.rollout.agent_layout == "turn" and step["rollout/num_samples"] >= 2 * 4  # a row per turn
-    assert sorted(p.name for p in (out / "rehearsal").glob("rank*_step1.pt")) == ["rank0_step1.pt", "rank1_step1.pt"]
+    for n, record in enumerate(step_records(out), start=1):
+        shares = step_items(out, n)
+        assert sorted(shares) == [f"rank{r}_step{n}.pt" for r in range(ranks)]  # every rank got rows
+        items = [it for share in shares.values() for it in share]
+        assert sum(it["rewards"].numel() for it in items) == record["rollout/num_samples"] >= 2 * 4
+        assert all(it["action_mask"].sum(1).max() <= 16 for it in items)  # a row is one turn (16 new tokens)
+        assert set(torch.cat([it["group_ids"] for it in items]).tolist()) <= {0, 1}  # a group per game
+        assert all(torch.isfinite(it["advantages"][it["action_mask"]]).all() for it in items)
 
 
 @pytest.mark.parametrize("gpus,rows,prompts,steps",
