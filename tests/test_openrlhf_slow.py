@@ -119,7 +119,7 @@ def local_objective_gradient(model, batch, algo) -> tuple[float, dict[str, torch
     loss, _ = algo.policy_loss(logprobs, batch.old_logprobs, batch.advantages, batch.response_mask, batch.group_ids,
                                None, stats)
     loss.backward()
-    return float(loss), {n: p.grad for n, p in model.named_parameters()}
+    return float(loss.detach()), {n: p.grad for n, p in model.named_parameters()}
 
 
 class GradientRecordingStrategy(MmrlDeepspeedStrategy):

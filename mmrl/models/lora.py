@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -83,7 +84,10 @@ def add_lora(model: torch.nn.Module, settings: LoraSettings, gradient_checkpoint
     targets: str | list[str] = ALL_LINEAR if settings.targets == (ALL_LINEAR,) else list(settings.targets)
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, target_modules=targets, lora_dropout=0.0,
                         bias="none")
-    wrapped = get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # PEFT asks transformers by a name that transformers 5.24 deprecated: a warning no user can act on
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        wrapped = get_peft_model(model, config)
     if gradient_checkpointing:  # checkpointed blocks whose inputs need no grad would pass no grad to the adapters
         wrapped.enable_input_require_grads()
     return wrapped

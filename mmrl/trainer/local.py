@@ -768,8 +768,9 @@ def _setup_policy(cfg: TrainConfig, task: Task | EnvTask) -> Policy:
     model = load_policy(cfg, device)
     routers = _setup_routers(cfg, model)
     model.train()  # train mode only for gradient checkpointing; dropout is off
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if cfg.model.gradient_checkpointing:  # transformers 5.24 renamed it; older releases know only the old name
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
     lora = lora_settings(cfg)
     if lora is not None:  # only the adapters train; the frozen base is the reference (_setup_reference)
         model = add_lora(model, lora, cfg.model.gradient_checkpointing)

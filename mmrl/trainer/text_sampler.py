@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -75,7 +76,11 @@ class SampledText:
 
 def cache_keyword(model) -> str:
     """The forward argument that takes a KV cache: transformers renamed ``past_key_values`` to ``cache`` (5.24 warns
-    on the old name at every run); older releases only know the old one."""
+    on the old name at every run); older releases only know the old one. A PEFT (LoRA) wrapper's forward takes
+    ``**kwargs`` and hands them on, so the model it wraps decides."""
+    peft = sys.modules.get("peft")  # loaded exactly when a LoRA model exists
+    if peft is not None and isinstance(model, peft.PeftModel):
+        model = model.get_base_model()
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
