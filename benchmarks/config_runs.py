@@ -7,6 +7,8 @@ run of the same config is read, not run again.
 
     python benchmarks/config_runs.py --config examples/alfworld_grpo_warm_start.yaml --seeds 0 \
         --out benchmarks/results/alfworld_warm_start_grpo
+    python benchmarks/config_runs.py --config examples/alfworld_grpo_warm_start.yaml --seeds 0 \
+        --out benchmarks/results/alfworld_warm_start_gmpo -- --algo gmpo
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--metric", default="eval/pass@1", help="the held-out metric to report")
     parser.add_argument("--out", required=True)
+    parser.add_argument("overrides", nargs="*", metavar="FLAG",
+                        help="flags after `--`, added to every run's command (e.g. -- --algo gmpo) and to its name")
     args = parser.parse_args()
     config = yaml.safe_load(Path(args.config).read_text())
     steps = int(config["run"]["steps"])
@@ -49,7 +53,7 @@ def main() -> None:
         if records is None:
             begin = time.perf_counter()
             subprocess.run([sys.executable, "-m", "mmrl.train", "--config", args.config, "--run.seed", str(seed),
-                            "--out", str(run), "--run.overwrite", "true"], check=True)
+                            "--out", str(run), "--run.overwrite", "true", *args.overrides], check=True)
             wall = time.perf_counter() - begin
             records = finished(run, steps)
             if records is None:
@@ -60,14 +64,16 @@ def main() -> None:
         if wall is not None:
             walls[seed] = wall
         print(f"seed {seed}: {args.metric} {starts[seed]:.3f} -> {ends[seed]:.3f}")
-    name = f"python -m mmrl.train --config {args.config}"
+    name = " ".join(["python -m mmrl.train --config", args.config, *args.overrides])
     rows = [result_row(name, f"held-out {args.metric} at step 0", starts),
             result_row(name, f"held-out {args.metric} after step {steps}", ends),
             result_row(name, f"held-out {args.metric} rise", rises)]
     if walls:
         rows.append(result_row(name, "wall time of the run", walls, unit="s"))
-    write_summary(out, f"The documented run {args.config}, as written", rows, seeds=seeds,
-                  notes="Each seed is the config run as written, with --run.seed and --out added.")
+    changed = f", with {' '.join(args.overrides)}" if args.overrides else ", as written"
+    write_summary(out, f"The documented run {args.config}{changed}", rows, seeds=seeds,
+                  notes="Each seed is the config run as written, with --run.seed and --out added"
+                        + (f" and {' '.join(args.overrides)}." if args.overrides else "."))
 
 
 if __name__ == "__main__":
