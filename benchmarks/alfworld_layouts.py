@@ -4,11 +4,13 @@ before and after RL, for each objective × layout pair, from the shipped warm st
 Each pair runs ``python -m mmrl.train --config examples/alfworld_grpo_warm_start.yaml`` (the shipped warm start
 on the game set it was trained on) with ``--algo``, ``--rollout.agent_layout`` and ``--task.max_steps`` set, one
 process per run, so a run's peak resident memory (``ru_maxrss`` of that process, from ``os.wait4``) is its own. Step
-time and trained tokens are the means over the run's steps from its ``metrics.jsonl``; held-out greedy success is
-the run's evaluation at step 0 and after its last step.
+time, trained tokens, episode length and the share of episodes cut off by the token budget
+(``rollout.max_episode_tokens``, which bounds the episode layout's one growing sequence) are the means over the
+run's steps from its ``metrics.jsonl``; held-out greedy success is the run's evaluation at step 0 and after its
+last step.
 
-    python benchmarks/alfworld_layouts.py --pairs grpo:episode,grpo:turn,gigpo:turn,gmpo:turn --seeds 0 \
-        --steps 2 --max-steps 50 --out benchmarks/results/alfworld_layouts
+    python benchmarks/alfworld_layouts.py --pairs grpo:episode,grpo:turn,gigpo:turn --seeds 0 --steps 2 \
+        --max-steps 50 --eval-games 8 --out benchmarks/results/alfworld_layouts
 
 A finished run in ``<out>/runs`` is read, not run again.
 """
@@ -75,7 +77,8 @@ def main() -> None:
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     rows = []
     for algo, layout in pairs:
-        values: dict[str, dict[int, float]] = {k: {} for k in ("step", "tokens", "rss", "start", "end", "rise")}
+        values: dict[str, dict[int, float]] = {k: {} for k in ("step", "tokens", "rss", "cut", "length", "start", "end",
+                                                                 "rise")}
         for seed in seeds:
             run = out / "runs" / f"{algo}-{layout}-s{seed}"
             found = read_run(run, args.steps)
@@ -88,6 +91,8 @@ def main() -> None:
             values["step"][seed] = sum(r["step_time"] for r in train) / len(train)
             values["tokens"][seed] = sum(r["batch_tokens"] for r in train) / len(train)
             values["rss"][seed] = found["peak_rss_mib"]
+            values["cut"][seed] = sum(r["truncated_episodes"] for r in train) / len(train)
+            values["length"][seed] = sum(r["episode_length"] for r in train) / len(train)
             values["start"][seed] = found["evals"][0]["eval/success_rate"]
             values["end"][seed] = found["evals"][-1]["eval/success_rate"]
             values["rise"][seed] = values["end"][seed] - values["start"][seed]
@@ -98,6 +103,8 @@ def main() -> None:
         rows += [result_row(label, "step time", values["step"], unit="s", **tags),
                  result_row(label, "tokens trained per step", values["tokens"], **tags),
                  result_row(label, "peak resident memory of the run", values["rss"], unit="MiB", **tags),
+                 result_row(label, "training episodes cut off by rollout.max_episode_tokens", values["cut"], **tags),
+                 result_row(label, "env steps per training episode", values["length"], **tags),
                  result_row(label, "held-out success at step 0", values["start"], **tags),
                  result_row(label, f"held-out success after step {args.steps}", values["end"], **tags),
                  result_row(label, "held-out success rise", values["rise"], **tags)]
