@@ -31,8 +31,7 @@ if _WORKERS > 1:
 # work unit of pytest-xdist's `--dist loadfile`, so one worker runs them one after another, as a single process would:
 # two rehearsal modules run at once in two workers (beside a benchmark) left both runs stalled until their 900 s
 # timeout. A new module that starts Ray belongs in this list.
-RAY_MODULES = ("tests/test_openrlhf_devices.py", "tests/test_openrlhf_rehearsal.py", "tests/test_openrlhf_slow.py",
-               "tests/test_recipes.py")
+RAY_MODULES = ("tests/test_openrlhf_devices.py", "tests/test_openrlhf_rehearsal.py", "tests/test_recipes.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist it is never called

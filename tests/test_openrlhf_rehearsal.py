@@ -14,19 +14,20 @@ ZeRO-2 on gloo, checkpoints and ``--resume``; rollouts come from the HF rollout 
   equal what ``mmrl.algos`` -- the local trainer's code -- computes on the whole step that rank's share came from,
   and GVPO's groups arrive whole on one rank (its group moments are then the whole group's).
 
-Three tests of five runs, because each run costs a Ray job's start-up (every actor imports torch, DeepSpeed and
-OpenRLHF; ~20 s on 2 cores): Dr.GRPO on the embedded text model; GVPO on it with 2 policy ranks (its groups must
-arrive whole on one rank) and historical replay for 2 steps, resumed to step 3; GPG on it, resumed to step 3.
-GRPO with its reference model, the vision task (GeoQA, the embedded Qwen2.5-VL), ALFWorld in the turn layout on 2
-policy ranks with the env pool (GiGPO for 2 steps), CW-GRPO and GMPO run in tests/test_recipes.py, as one step of
-each paper recipe and of each paper's GRPO baseline (the same checks, plus the recipe's own objective, schedule and
-evaluation sets).
+Two tests of three runs, because each run costs a Ray job's start-up (every actor imports torch, DeepSpeed and
+OpenRLHF; ~20 s on 2 cores): Dr.GRPO on the embedded text model; GVPO on it with 2 policy ranks (placed one per
+declared GPU of the colocation group; its groups must arrive whole on one rank) and historical replay for 2 steps,
+resumed to step 3. GRPO with its reference model, GPG (with its resampling rule), the vision task (GeoQA, the
+embedded Qwen2.5-VL), ALFWorld in the turn layout on 2 policy ranks with the env pool (GiGPO for 2 steps), CW-GRPO
+and GMPO run in tests/test_recipes.py, as one step of each paper recipe and of each paper's GRPO baseline (the same
+checks, plus the recipe's own objective, schedule and evaluation sets).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from rehearsal_run import check_run, check_statistics, rehearse, step_items, step_records
@@ -46,15 +47,6 @@ def test_rehearsal_of_dr_grpo(ray_address, tmp_path):
     assert len(list((out / "rehearsal").glob("rank*_step1.pt"))) == 1
 
 
-def test_rehearsal_of_gpg_resumes_to_step_3(ray_address, tmp_path):
-    out = tmp_path / "gpg"
-    rehearse(ray_address, out, "--algo", "gpg", "--task", "arithmetic", "--steps", "2", *SMALL)
-    check_run(out, 2)
-    rehearse(ray_address, out, "--resume", "--steps", "3")
-    check_run(out, 3)
-    check_statistics(out, "gpg", 3, 8)
-
-
 def response_row(sequence, attention, action, reward) -> tuple[tuple, tuple, float]:
     """(prompt tokens, response tokens, reward) of one row of a sample's tensors."""
     prompt_end = int(action.nonzero()[0]) + 1
@@ -69,9 +61,12 @@ def test_rehearsal_of_gvpo_replays_each_prompts_latest_responses_across_a_resume
     rewards. The store saved with the step-2 checkpoint holds each prompt's 8 most recent fresh responses with their
     behaviour log-probs, and step 3 of the resumed run replays the last 2 of them."""
     out, k = tmp_path / "gvpo_replay", 2
-    rehearse(ray_address, out, "--algo", "gvpo", "--task", "arithmetic", "--task.max_operand", "1", "--steps", "2",
-             "--rollout.replay_historical", str(k), "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
-             *SMALL)
+    done = rehearse(ray_address, out, "--algo", "gvpo", "--task", "arithmetic", "--task.max_operand", "1", "--steps",
+                    "2", "--rollout.replay_historical", str(k), "--cluster.gpus_per_node", "2",
+                    "--cluster.vllm_engines", "2", *SMALL)
+    # Ray placed the two policy ranks (OpenRLHF's RayActorGroup) in the colocation group, one declared GPU each
+    placed = re.findall(r"policy rank (\d)/(\d) on \S+ GPUs \['(\d)'\]", done.stdout + done.stderr)
+    assert sorted(p[:2] for p in placed) == [("0", "2"), ("1", "2")] and len({p[2] for p in placed}) == 2, placed
     check_run(out, 2)
     store = read_replay_store(out / "checkpoints" / "_actor" / "global_step2")  # read before step 3 may prune it
     record = json.loads((out / ".mmrl-run.json").read_text())["files"]

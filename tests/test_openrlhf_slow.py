@@ -1,18 +1,17 @@
-"""The openrlhf backend's distributed pieces on a CPU: a DeepSpeed ZeRO-2 step through mmrl's actor loop, and Ray
-scheduling the actor layout on declared (fake) GPUs. flash_attn and vllm are CUDA-only and stubbed while OpenRLHF is
-imported (tests/openrlhf_stubs.py), in this process and in the Ray workers; no vLLM engine is started.
+"""The openrlhf backend's DeepSpeed step on a CPU: a ZeRO-2 step through mmrl's actor loop, on one rank and on two
+gloo ranks. flash_attn and vllm are CUDA-only and stubbed while OpenRLHF is imported (tests/openrlhf_stubs.py); no
+vLLM engine is started.
 
-What only runs on GPUs: vLLM generation and NCCL weight sync to the engines; OpenRLHF's own actor start-up and the
-whole loop run in the CPU rehearsal (tests/test_openrlhf_rehearsal.py); see docs/cluster.md. The two-rank test
-spawns its ranks from tests/openrlhf_dp_worker.py.
+What only runs on GPUs: vLLM generation and NCCL weight sync to the engines; OpenRLHF's own actor start-up, Ray's
+placement of the actor layout on declared GPUs and the whole loop run in the CPU rehearsal
+(tests/test_openrlhf_rehearsal.py); see docs/cluster.md. The two-rank test spawns its ranks from
+tests/openrlhf_dp_worker.py.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import socket
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +20,6 @@ from openrlhf_stubs import openrlhf_importable
 import mmrl.algos as algos
 from mmrl.batch import Group, Response, collate
 from mmrl.openrlhf.launch import resolve_launch
-from mmrl.openrlhf.network import local_ray_options
 from mmrl.rewards.base import RewardResult
 from mmrl.train import parse_config
 from mmrl.trainer.rollout import response_logprobs
@@ -217,31 +215,3 @@ def test_two_deepspeed_ranks_give_the_whole_steps_gradient(name, tmp_path, embed
         for n in want:
             assert torch.allclose(got["grads"][n], want[n], rtol=1e-4, atol=1e-7), (rank, n)
         assert got["policy_loss"] == pytest.approx(loss, rel=1e-4)
-
-
-def test_ray_schedules_the_policy_actors_on_declared_gpus(tmp_path, embedded_model_dir):
-    """Two policy ranks in the colocation placement group (the reference group, when an objective needs one, goes
-    through the same RayActorGroup code into the same bundles; it is left out to keep this test to two workers)."""
-    import ray
-
-    from mmrl.openrlhf.driver import policy_layout
-
-    cfg = parse_config(["--backend", "openrlhf", "--algo", "gvpo", "--out", str(tmp_path), "--cluster.nodes", "1",
-                        "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2", "--rollout.prompts_per_step",
-                        "4", "--rollout.samples_per_prompt", "4"])
-    args = resolve_launch(cfg, write=False).args
-    tests = str(Path(__file__).parent)
-    # No GPU here: Ray is told there are two, and each worker installs the flash_attn/vllm stand-ins before
-    # importing OpenRLHF (its set-up hook).
-    ray.init(num_cpus=2, num_gpus=2, **local_ray_options(), runtime_env={
-        "worker_process_setup_hook": "openrlhf_stubs.install",
-        "env_vars": {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}})
-    try:
-        pg, actors, reference = policy_layout(args)
-        placed = ray.get(actors.async_run_method("describe"))
-        assert [p["rank"] for p in placed] == [0, 1] and {p["world_size"] for p in placed} == {2}
-        assert {p["class"] for p in placed} == {"MmrlPolicyModelActor"}
-        assert sorted(g for p in placed for g in p["gpu_ids"]) == ["0", "1"]  # one colocation bundle (GPU) each
-        assert pg is not None and reference is None  # colocated with vLLM; gvpo needs no reference model
-    finally:
-        ray.shutdown()

@@ -302,19 +302,21 @@ def test_openrs_recipe_rehearsal_step(recipe, ray_address, tmp_path):
 @pytest.mark.parametrize("recipe", ["gmpo_alfworld_qwen2.5-1.5b-instruct", "gigpo_alfworld_qwen2.5-1.5b-instruct",
                                     "grpo_alfworld_qwen2.5-1.5b-instruct"])
 def test_alfworld_recipe_rehearsal_step(recipe, ray_address, tmp_path):
-    """GMPO and GiGPO on 2 policy ranks and 2 engines (GiGPO for 2 steps: its step-level advantages, every turn its
-    own row, dealt to both ranks), the GRPO baseline on 1 of each."""
+    """GiGPO on 2 policy ranks and 2 engines for 2 steps (its step-level advantages, every turn its own row, dealt to
+    both ranks); GMPO and the GRPO baseline on 1 of each (the turn rows' dealing is the same for every objective)."""
     pytest.importorskip("alfworld")
     games = recipe_data.alfworld_official_tree(tmp_path, n_per_type=1)
-    ranks = 1 if recipe.startswith("grpo") else 2
-    steps = 2 if recipe.startswith("gigpo") else 1
+    gigpo = recipe.startswith("gigpo")
+    ranks, steps = (2, 2) if gigpo else (1, 1)
     # 4 episodes per game (the recipe: 8), 3 turns (50) and 2 validation games (128): episodes are what costs here;
-    # the env pool of 2 workers, 8 turn-samples per optimizer step (256) in micro-batches of 2 (16)
+    # 8 turn-samples per optimizer step (256) in micro-batches of 2 (16). The GiGPO run plays its episodes in an env
+    # pool of 2 workers; the others in the rollout engine's process, as the recipes do.
+    pool = ["--rollout.env_workers", "2"] if gigpo else []
     out, cfg, recipe_cfg, stdout = _rehearse_recipe(
         recipe, ray_address, tmp_path, "--model", "embedded:tiny-qwen2-agent", "--task.games_root", games,
         "--task.max_steps", "3", "--task.max_eval_games", "2", "--rollout.prompts_per_step", "2",
         "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "16", "--rollout.max_episode_tokens", "3072",
-        "--rollout.env_workers", "2", "--cluster.gpus_per_node", str(ranks), "--cluster.vllm_engines", str(ranks),
+        *pool, "--cluster.gpus_per_node", str(ranks), "--cluster.vllm_engines", str(ranks),
         "--optim.micro_batch_size", "2", "--optim.minibatch_turns", "8", "--steps", str(steps),
         *_shrunk_sets(recipe, {}, 16))
     step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {"alfworld_valid_seen": 2}, steps)

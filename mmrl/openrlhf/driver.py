@@ -160,13 +160,15 @@ def run(args, ray_address: str = "", rehearsal_mode: bool = False,
                                             str(Path(args.ckpt.path).parent))
         else:
             engines = create_engines(args, pg)
-        for where in ray.get(actors.async_run_method("describe")):
-            log.info("policy rank %(rank)d/%(world_size)d on %(node)s GPUs %(gpu_ids)s (%(class)s)", where)
+        # The trainer actor is created before the first wait on the model actors, so that its process starts (and
+        # imports OpenRLHF, DeepSpeed and torch) while theirs do, not after them.
         trainer = MmrlPPOTrainerRayActor.remote(
             args.actor.model_name_or_path, strategy, actors, None, None, reference, engines, do_sample=True,
             max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
             temperature=args.rollout.temperature, top_p=args.rollout.top_p, top_k=rollout_top_k(args.mmrl),
             repetition_penalty=float(args.mmrl.get("repetition_penalty", 1.0)))
+        for where in ray.get(actors.async_run_method("describe")):
+            log.info("policy rank %(rank)d/%(world_size)d on %(node)s GPUs %(gpu_ids)s (%(class)s)", where)
         max_steps = ray.get(trainer.get_max_steps.remote())
         refs = actors.async_init_model_from_pretrained(strategy, args.actor.model_name_or_path, max_steps, engines)
         if reference is not None:
