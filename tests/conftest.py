@@ -50,7 +50,8 @@ def pytest_xdist_make_scheduler(config, log):
             return "ray modules" if scope in RAY_MODULES else scope
 
         def _assign_work_unit(self, node) -> None:
-            # The Ray unit is the longest (~12 min of 13 on 2 cores); started last, it ran alone while the others idled.
+            # The Ray unit is the longest (most of the suite's wall time on 2 cores); started last, it ran alone while
+            # the others idled.
             if "ray modules" in self.workqueue:
                 self.workqueue.move_to_end("ray modules", last=False)
             super()._assign_work_unit(node)
