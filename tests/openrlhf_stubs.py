@@ -18,7 +18,7 @@ CUDA_ONLY = ("flash_attn", "flash_attn.bert_padding", "flash_attn.utils", "flash
 
 
 def install() -> list[str]:
-    """Put the stand-ins into ``sys.modules``; returns the names inserted. Also Ray's worker set-up hook."""
+    """Put the stand-ins into ``sys.modules``; returns the names inserted."""
     inserted = []
     for name in CUDA_ONLY:
         if name not in sys.modules:
