@@ -3,7 +3,8 @@
 pass@1, pass@k and avg@k on the task's held-out split with the same reward as training; prints a table and writes
 JSON. Multi-turn tasks (``--task alfworld``) play k episodes per held-out game and report success (pass@1 = success
 rate) overall and per task type, valid-action rate, format rate and episode length. ``--model`` takes the same specs
-as training (embedded default, a local/hub checkpoint, a GGUF file) or a run directory / checkpoint of ours.
+as training (embedded default, a local/hub checkpoint, a GGUF file) or a run directory / checkpoint of ours; a run
+directory is evaluated on the task and in the agent layout (``rollout.agent_layout``) it was trained in.
 
 The config is training's: the same layering (defaults < the task's declared defaults < ``--config`` YAML < flags) and
 the same flag names (``--model``, ``--task``, ``--task.X``, ``--rollout.X``, ``--model.X``, ``--run.X``), so a task is
@@ -35,7 +36,7 @@ log = logging.getLogger("mmrl")
 # The config fields evaluation reads (everything else in a --config YAML is accepted and has no effect here).
 EVAL_FIELDS = {"model": {"device", "threads", "min_pixels", "max_pixels", "trust_remote_code"},
                "rollout": {"max_new_tokens", "max_prompt_tokens", "max_episode_tokens", "generation_batch_size",
-                           "sampler"},
+                           "sampler", "agent_layout"},
                "run": {"seed", "eval_samples", "eval_temperature"}, "evaluation": {"sets"}}
 
 
@@ -84,9 +85,10 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespa
     given = vars(args)
     trained = trained_task(given.get("model.name", ""))
     if trained is not None:  # a run directory: evaluate the task it was trained on unless --task says otherwise
-        name, options = trained
-        if "task.name" not in given:
-            layers.insert(0, ({"task": {"name": name, **options}}, f"{given['model.name']}/config.json"))
+        name, options, layout = trained
+        if "task.name" not in given:  # and in the agent layout it trained in: a policy plays the prompts it learnt
+            layers.insert(0, ({"task": {"name": name, **options}, "rollout": {"agent_layout": layout}},
+                              f"{given['model.name']}/config.json"))
         elif given["task.name"] != name:
             log.warning("model %s was trained on task %r (its config.json); evaluating it on %r",
                         given["model.name"], name, given["task.name"])
@@ -134,7 +136,7 @@ def _main(argv: list[str] | None) -> None:
             metrics, groups = evaluate_episode_groups(
                 model, tokenizer, on_task, k=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                 max_episode_tokens=r.max_episode_tokens, seed=run.seed, max_problems=args.max_problems,
-                batch_size=r.generation_batch_size, progress=True)
+                batch_size=r.generation_batch_size, progress=True, layout=r.agent_layout)
         else:
             metrics, groups = evaluate_groups(
                 model, tokenizer, on_task, k=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,

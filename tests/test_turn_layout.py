@@ -171,3 +171,30 @@ def test_the_sft_warm_up_shows_its_progress(tmp_path, small_config, capsys):
     err = capsys.readouterr().err
     assert "sft warm-up" in err and "2/2" in err
     assert len((tmp_path / "run" / "sft.jsonl").read_text().splitlines()) == 2
+
+
+def test_held_out_play_is_in_the_layout_the_policy_trained_in(tmp_path):
+    """A turn-layout policy is evaluated on turn-layout prompts: the evaluation plays that layout (there is no KV
+    cache to carry between its re-built prompts), and ``mmrl.eval`` of a run directory takes the run's layout."""
+    from mmrl.eval import parse_command
+    from mmrl.models import load_model
+    from mmrl.train import parse_config
+    from mmrl.trainer.evaluate import evaluate_episode_groups
+    from mmrl.trainer.run_dir import claim
+
+    task = get_task("alfworld", **FAST, max_steps=3, task_types="pick_and_place")
+    tok = load_tokenizer(AGENT)
+    metrics, groups = evaluate_episode_groups(load_model(AGENT), tok, task, k=1, temperature=0.0, max_new_tokens=8,
+                                              layout="turn")
+    assert len(groups) == len(task.eval) and 0.0 <= metrics["success_rate"] <= 1.0
+    assert all(r.episode["steps"] == 3 or r.episode["won"] for g in groups for r in g.responses)
+
+    run = tmp_path / "run"
+    owner = claim(parse_config(["--task", "alfworld", "--rollout.agent_layout", "turn", "--out", str(run)]))
+    owner.record_config(parse_config(["--task", "alfworld", "--rollout.agent_layout", "turn", "--out", str(run)]),
+                        step=0)
+    owner.lock.release()
+    assert parse_command(["--model", str(run)])[0].rollout.agent_layout == "turn"
+    assert parse_command(["--model", str(run), "--rollout.agent_layout", "episode"])[0].rollout.agent_layout == \
+        "episode"
+    assert parse_command(["--task", "alfworld"])[0].rollout.agent_layout == "episode"

@@ -98,10 +98,14 @@ def evaluate_episode_groups(model, tokenizer, task: EnvTask, k: int = 4, tempera
                             kv_cache: bool = True, layout: str = "episode") -> tuple[dict[str, Any], list[Group]]:
     """(metrics, one group of k episodes per held-out game: each response is an episode's actions and summary).
     ``concurrent`` envs are alive at a time, as each holds an engine.
-    ``kv_cache``: carry each episode's KV cache across turns (see :func:`~mmrl.trainer.episodes.model_policy`).
+    ``kv_cache``: carry each episode's KV cache across turns (see :func:`~mmrl.trainer.episodes.model_policy`; not in
+    the turn layout).
     ``env_factory(row)``: a zero-argument env builder (default: in this process, ``task.make_env(row, layout)``).
     ``layout``: the agent layout the policy plays in (``turn``: re-prompted every turn, as it trained)."""
     env_factory = env_factory or (lambda row: partial(task.make_env, row, layout))
+    # a turn-layout prompt is rebuilt every turn (window of recent turns), so no episode's context only grows: there
+    # is no cache to carry across turns
+    kv_cache = kv_cache and layout != "turn"
     rows = task.eval[:max_problems] if max_problems else task.eval
     if not rows:
         return {}, []

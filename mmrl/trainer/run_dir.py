@@ -550,11 +550,13 @@ def run_owning(path: str | Path) -> Path | None:
     return None
 
 
-def trained_task(run_dir: str | Path) -> tuple[str, dict[str, Any]] | None:
-    """(task name, task options) a run directory was trained on, from its ``config.json``; None for anything else
-    (a model folder, a hub id)."""
+def trained_task(run_dir: str | Path) -> tuple[str, dict[str, Any], str] | None:
+    """(task name, task options, agent layout) a run directory was trained on, from its ``config.json``; None for
+    anything else (a model folder, a hub id)."""
     path = Path(run_dir) / CONFIG_NAME
     if not path.is_file() or not is_mmrl_config(path):
         return None
-    task = json.loads(path.read_text())["task"]
-    return task.get("name", ""), dict(task.get("options") or {})
+    config = json.loads(path.read_text())
+    task = config["task"]
+    layout = (config.get("rollout") or {}).get("agent_layout", "episode")
+    return task.get("name", ""), dict(task.get("options") or {}), layout
