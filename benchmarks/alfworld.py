@@ -72,7 +72,7 @@ def held_out_games(model, tokenizer, task, args, temperature: float) -> tuple[di
     result, groups = evaluate_episode_groups(model, tokenizer, task, k=args.eval_samples, temperature=temperature,
                                              max_new_tokens=ALFWORLD_DEFAULTS["rollout.max_new_tokens"],
                                              max_episode_tokens=ALFWORLD_DEFAULTS["rollout.max_episode_tokens"],
-                                             seed=0, batch_size=64)
+                                             seed=0, batch_size=64, layout=args.layout)
     model.train()  # evaluation leaves the model in eval mode; the warm-up continues in train mode
     wins = [sum(int(r.episode["won"]) for r in g.responses) for g in groups]
     return {k: v for k, v in result.items() if isinstance(v, float)}, wins
@@ -150,7 +150,7 @@ def warm_start(args, games: Path, seed: int, out: Path) -> tuple[Path, dict]:
     pre_seconds = pre_sft(args, model, tokenizer, seed, out) if args.pre_sft_steps > 0 else 0.0
     start = time.perf_counter()
     demos = render_demonstrations(seen, tokenizer, seen.train, ALFWORLD_DEFAULTS["rollout.max_episode_tokens"],
-                                  seed=seed, per_row=args.demos_per_row)
+                                  seed=seed, per_row=args.demos_per_row, layout=args.layout)
     tokens = [len(g.prompt_ids) + len(g.responses[0].token_ids) for g in demos]
     record = {"demonstrations": len(demos), "demo_tokens_mean": sum(tokens) / len(tokens),
               "render_seconds": time.perf_counter() - start, "curve": [], "losses": []}
@@ -193,7 +193,7 @@ def pre_sft(args, model, tokenizer, seed: int, out: Path) -> float:
         (games / "COMPLETE").write_text("done\n")
     task = get_task("alfworld", **task_options(args, games))
     demos = render_demonstrations(task, tokenizer, task.train, ALFWORLD_DEFAULTS["rollout.max_episode_tokens"],
-                                  seed=seed, per_row=args.pre_demos_per_row)
+                                  seed=seed, per_row=args.pre_demos_per_row, layout=args.layout)
     start, done = time.perf_counter(), 0
     while done < args.pre_sft_steps:
         n = min(args.sft_eval_every, args.pre_sft_steps - done)
@@ -283,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--receptacles", type=int, default=5, help="receptacles per generated room")
     parser.add_argument("--distractors", type=int, default=2, help="objects per room besides the task's own")
     parser.add_argument("--max-steps", type=int, default=15, help="env steps per episode")
+    parser.add_argument("--layout", default="episode", choices=("episode", "turn"),
+                        help="the agent layout (rollout.agent_layout) of the demonstrations, the held-out play and "
+                             "the RL runs")
     parser.add_argument("--eval-samples", type=int, default=2, help="episodes per held-out game when sampling")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/alfworld")
@@ -296,7 +299,8 @@ def rl_base_overrides(args, games: Path) -> dict:
     """The config overrides every RL run of this benchmark shares (the run's model, algorithm and seed go on top)."""
     return {**ALFWORLD_DEFAULTS, "task.name": "alfworld", "model.threads": args.threads,
             **{f"task.{k}": v for k, v in task_options(args, games).items()},
-            "run.eval_temperature": 0.0, "rollout.temperature": args.temperature, "optim.lr": args.rl_lr,
+            "run.eval_temperature": 0.0, "rollout.temperature": args.temperature, "rollout.agent_layout": args.layout,
+            "optim.lr": args.rl_lr,
             "rollout.prompts_per_step": args.games_per_step, "rollout.samples_per_prompt": args.group_size,
             "optim.epochs": args.epochs, "optim.warmup_steps": args.rl_warmup_steps,
             "optim.schedule": args.rl_schedule, "optim.min_lr_ratio": args.rl_min_lr_ratio, "sft.steps": 0,

@@ -9,6 +9,9 @@ run of the same config is read, not run again.
         --out benchmarks/results/alfworld_warm_start_grpo
     python benchmarks/config_runs.py --config examples/alfworld_grpo_warm_start.yaml --seeds 0 \
         --out benchmarks/results/alfworld_warm_start_gmpo -- --algo gmpo
+
+Seeds can run side by side as separate calls into the same ``--out`` (``--seeds 0`` and ``--seeds 1``); a last call
+with every seed then reads their runs, wall times included, and writes the summary.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pathlib import Path
 
 import yaml
 from summary import result_row, write_summary
+
+WALL_FILE = "wall.json"  # beside the run's metrics: its wall time, kept for a later call that reads the run
 
 
 def finished(run: Path, steps: int) -> list[dict] | None:
@@ -40,6 +45,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--metric", default="eval/pass@1", help="the held-out metric to report")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--note", default="", help="a sentence added to the summary's notes (e.g. how the runs "
+                                                   "shared the machine)")
     parser.add_argument("overrides", nargs="*", metavar="FLAG",
                         help="flags after `--`, added to every run's command (e.g. -- --algo gmpo) and to its name")
     args = parser.parse_args()
@@ -58,6 +65,9 @@ def main() -> None:
             records = finished(run, steps)
             if records is None:
                 raise SystemExit(f"{run}: the run ended without its last evaluation")
+            (run / WALL_FILE).write_text(json.dumps({"wall_s": wall}))
+        elif (run / WALL_FILE).is_file():  # a run made by an earlier call (e.g. one seed per call, side by side)
+            wall = json.loads((run / WALL_FILE).read_text())["wall_s"]
         evals = [r for r in records if args.metric in r]
         starts[seed], ends[seed] = evals[0][args.metric], evals[-1][args.metric]
         rises[seed] = ends[seed] - starts[seed]
@@ -73,7 +83,8 @@ def main() -> None:
     changed = f", with {' '.join(args.overrides)}" if args.overrides else ", as written"
     write_summary(out, f"The documented run {args.config}{changed}", rows, seeds=seeds,
                   notes="Each seed is the config run as written, with --run.seed and --out added"
-                        + (f" and {' '.join(args.overrides)}." if args.overrides else "."))
+                        + (f" and {' '.join(args.overrides)}." if args.overrides else ".")
+                        + (f" {args.note}" if args.note else ""))
 
 
 if __name__ == "__main__":

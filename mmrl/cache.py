@@ -36,6 +36,7 @@ EMBEDDED_AGENT_NAME = "embedded:tiny-qwen2-agent"  # the default of --task alfwo
 EMBEDDED_VL_NAME = "embedded:tiny-qwen2.5-vl"  # the default of tasks with images
 EMBEDDED_GROUNDING_NAME = "embedded:tiny-qwen3-vl"  # the default of --task grounding (it needs absolute positions)
 EMBEDDED_AGENT_SFT_NAME = "embedded:tiny-qwen2-agent-sft"  # the agent, warm-started on ALFWorld demonstrations
+EMBEDDED_AGENT_SFT_TURN_NAME = "embedded:tiny-qwen2-agent-sft-turn"  # that agent, warm-started again in the turn layout
 
 RECIPE_VERSION = "tiny-qwen2-v3"
 MOE_RECIPE_VERSION = "tiny-qwen3-moe-v2"
@@ -44,11 +45,13 @@ VL_RECIPE_VERSION = "tiny-qwen2.5-vl-v4"  # v4: 900 clean steps on geo-synth-v3 
 GROUNDING_RECIPE_VERSION = "tiny-qwen3-vl-v2"  # v2: 2400 steps on one-shape grid scenes, 1200 on 2-3-shape ones
 # built by benchmarks/alfworld.py's warm start (SFT of the agent on the explorer's demonstrations), not by a recipe here
 AGENT_SFT_VERSION = "tiny-qwen2-agent-sft-v1"
+AGENT_SFT_TURN_VERSION = "tiny-qwen2-agent-sft-turn-v1"
 
 RECIPE_VERSIONS = {EMBEDDED_NAME: RECIPE_VERSION, EMBEDDED_MOE_NAME: MOE_RECIPE_VERSION,
                    EMBEDDED_AGENT_NAME: AGENT_RECIPE_VERSION, EMBEDDED_VL_NAME: VL_RECIPE_VERSION,
                    EMBEDDED_GROUNDING_NAME: GROUNDING_RECIPE_VERSION}
-EMBEDDED_VERSIONS = {**RECIPE_VERSIONS, EMBEDDED_AGENT_SFT_NAME: AGENT_SFT_VERSION}  # the folder each one ships in
+EMBEDDED_VERSIONS = {**RECIPE_VERSIONS, EMBEDDED_AGENT_SFT_NAME: AGENT_SFT_VERSION,  # the folder each one ships in
+                     EMBEDDED_AGENT_SFT_TURN_NAME: AGENT_SFT_TURN_VERSION}
 
 
 def cache_root() -> Path:

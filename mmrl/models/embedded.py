@@ -32,7 +32,9 @@ with a long context (4096 positions) and a 1024-token BPE trained on ALFWorld's 
 receptacle names, its observation and action phrasing, the agent prompt), so that an observation costs about one
 token per word rather than one per byte. It is not pre-trained: the ``--sft-warmup`` on the explorer's demonstrations
 (mmrl/envs/alfworld/explorer.py) is its pre-training. ``embedded:tiny-qwen2-agent-sft`` is that model after such a
-warm start (benchmarks/alfworld.py; the manifest holds its command).
+warm start (benchmarks/alfworld.py; the manifest holds its command), and ``embedded:tiny-qwen2-agent-sft-turn`` is
+it warm-started again on the same demonstrations in the turn layout (``rollout.agent_layout turn``), whose prompts
+differ from the episode layout's.
 
 ``embedded:tiny-qwen2.5-vl`` (the default of tasks with images) and ``embedded:tiny-qwen3-vl`` (the default of
 ``--task grounding``, whose ViT knows absolute positions) are built by `mmrl.models.embedded_vl`.
