@@ -11,7 +11,11 @@ run of the same config is read, not run again.
         --out benchmarks/results/alfworld_warm_start_gmpo -- --algo gmpo
 
 Seeds can run side by side as separate calls into the same ``--out`` (``--seeds 0`` and ``--seeds 1``); a last call
-with every seed then reads their runs, wall times included, and writes the summary.
+with every seed then reads their runs, wall times included, and writes the summary. ``--algos`` compares objectives
+on one config, each seed run once per objective:
+
+    python benchmarks/config_runs.py --config examples/alfworld_turn_warm_start.yaml --algos grpo,gigpo,gmpo \
+        --seeds 0,1,2,3,4 --out benchmarks/results/alfworld_turn
 """
 
 from __future__ import annotations
@@ -39,10 +43,31 @@ def finished(run: Path, steps: int) -> list[dict] | None:
     return records if last else None
 
 
+def run_seed(args, extra: list[str], run: Path, seed: int, steps: int) -> tuple[list[dict], float | None]:
+    """The records and wall time of one seed's run (``extra``: flags after the config), run here unless ``run``
+    already holds it finished."""
+    records, wall = finished(run, steps), None
+    if records is None:
+        begin = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "mmrl.train", "--config", args.config, "--run.seed", str(seed),
+                        "--out", str(run), "--run.overwrite", "true", *extra], check=True)
+        wall = time.perf_counter() - begin
+        records = finished(run, steps)
+        if records is None:
+            raise SystemExit(f"{run}: the run ended without its last evaluation")
+        (run / WALL_FILE).write_text(json.dumps({"wall_s": wall}))
+    elif (run / WALL_FILE).is_file():  # a run made by an earlier call (e.g. one seed per call, side by side)
+        wall = json.loads((run / WALL_FILE).read_text())["wall_s"]
+    return records, wall
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the example config, run as written")
     parser.add_argument("--seeds", default="0")
+    parser.add_argument("--algos", default="",
+                        help="comma-separated objectives: every seed runs once with each (--algo A added), in one "
+                             "summary that also gives each one's rise over the first one's, seed by seed")
     parser.add_argument("--metric", default="eval/pass@1", help="the held-out metric to report")
     parser.add_argument("--out", required=True)
     parser.add_argument("--note", default="", help="a sentence added to the summary's notes (e.g. how the runs "
@@ -53,37 +78,36 @@ def main() -> None:
     config = yaml.safe_load(Path(args.config).read_text())
     steps = int(config["run"]["steps"])
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]
-    starts, ends, rises, walls = {}, {}, {}, {}
-    for seed in seeds:
-        run = out / "runs" / f"seed{seed}"
-        records, wall = finished(run, steps), None
-        if records is None:
-            begin = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "mmrl.train", "--config", args.config, "--run.seed", str(seed),
-                            "--out", str(run), "--run.overwrite", "true", *args.overrides], check=True)
-            wall = time.perf_counter() - begin
-            records = finished(run, steps)
-            if records is None:
-                raise SystemExit(f"{run}: the run ended without its last evaluation")
-            (run / WALL_FILE).write_text(json.dumps({"wall_s": wall}))
-        elif (run / WALL_FILE).is_file():  # a run made by an earlier call (e.g. one seed per call, side by side)
-            wall = json.loads((run / WALL_FILE).read_text())["wall_s"]
-        evals = [r for r in records if args.metric in r]
-        starts[seed], ends[seed] = evals[0][args.metric], evals[-1][args.metric]
-        rises[seed] = ends[seed] - starts[seed]
-        if wall is not None:
-            walls[seed] = wall
-        print(f"seed {seed}: {args.metric} {starts[seed]:.3f} -> {ends[seed]:.3f}")
-    name = " ".join(["python -m mmrl.train --config", args.config, *args.overrides])
-    rows = [result_row(name, f"held-out {args.metric} at step 0", starts),
-            result_row(name, f"held-out {args.metric} after step {steps}", ends),
-            result_row(name, f"held-out {args.metric} rise", rises)]
-    if walls:
-        rows.append(result_row(name, "wall time of the run", walls, unit="s"))
-    changed = f", with {' '.join(args.overrides)}" if args.overrides else ", as written"
+    algos = [a for a in args.algos.split(",") if a]
+    rows, rises_of = [], {}
+    for algo in algos or [""]:
+        extra = (["--algo", algo] if algo else []) + args.overrides
+        starts, ends, rises, walls = {}, {}, {}, {}
+        for seed in seeds:
+            run = out / "runs" / (f"{algo}-seed{seed}" if algo else f"seed{seed}")
+            records, wall = run_seed(args, extra, run, seed, steps)
+            evals = [r for r in records if args.metric in r]
+            starts[seed], ends[seed] = evals[0][args.metric], evals[-1][args.metric]
+            rises[seed] = ends[seed] - starts[seed]
+            if wall is not None:
+                walls[seed] = wall
+            print(f"{algo or 'seed'} {seed}: {args.metric} {starts[seed]:.3f} -> {ends[seed]:.3f}")
+        name = " ".join(["python -m mmrl.train --config", args.config, *extra])
+        rows += [result_row(name, f"held-out {args.metric} at step 0", starts),
+                 result_row(name, f"held-out {args.metric} after step {steps}", ends),
+                 result_row(name, f"held-out {args.metric} rise", rises)]
+        if algo and algo != algos[0]:  # paired by seed: the same config, seed and start, another objective
+            base = rises_of[algos[0]]
+            rows.append(result_row(name, f"rise minus {algos[0]}'s rise (same seed)",
+                                   {seed: rises[seed] - base[seed] for seed in seeds}))
+        if walls:
+            rows.append(result_row(name, "wall time of the run", walls, unit="s"))
+        rises_of[algo] = rises
+    flags = (["--algo", "|".join(algos)] if algos else []) + args.overrides
+    changed = f", with {' '.join(flags)}" if flags else ", as written"
     write_summary(out, f"The documented run {args.config}{changed}", rows, seeds=seeds,
                   notes="Each seed is the config run as written, with --run.seed and --out added"
-                        + (f" and {' '.join(args.overrides)}." if args.overrides else ".")
+                        + (f" and {' '.join(flags)}." if flags else ".")
                         + (f" {args.note}" if args.note else ""))
 
 

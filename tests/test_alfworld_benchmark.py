@@ -84,3 +84,8 @@ def test_the_summary_holds_each_seeds_gain_for_the_results_page(benchmark, tmp_p
     gain = rows[("grpo", "valid_seen greedy success gain by RL step 30")]
     assert gain["values"] == pytest.approx({"0": 0.1, "1": 0.2}) and gain["mean"] == pytest.approx(0.15)
     assert rows[("warm start", "held-out valid_seen greedy success")]["values"] == {"0": 0.3}
+
+
+def test_the_layout_flag_reaches_the_rl_runs(benchmark, tmp_path):
+    assert rl_config(benchmark, [], tmp_path).rollout.agent_layout == "episode"
+    assert rl_config(benchmark, ["--layout", "turn"], tmp_path).rollout.agent_layout == "turn"
