@@ -19,6 +19,7 @@ from mmrl import moe
 from mmrl.batch import Group, Response, RolloutBatch
 from mmrl.errors import UserError
 from mmrl.rewards.base import Reward
+from mmrl.trainer.logprobs import token_logprobs
 from mmrl.trainer.text_sampler import SAMPLERS, sample_texts
 
 # A prompt longer than this many characters per allowed token is first measured on that prefix: the prefix's token
@@ -107,10 +108,10 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int
         seqs = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=max_new_tokens,
                               pad_token_id=pad, eos_token_id=stop, use_cache=True, **options,
                               output_scores=return_logprobs, return_dict_in_generate=return_logprobs)
-        token_logprobs = None
+        sampled_logprobs = None
         if return_logprobs:  # the processed scores are the (tempered) distribution each token was sampled from
             seqs, scores = seqs.sequences, torch.stack(seqs.scores, dim=1).float()
-            token_logprobs = torch.log_softmax(scores, -1).gather(-1, seqs[:, width:, None]).squeeze(-1).tolist()
+            sampled_logprobs = torch.log_softmax(scores, -1).gather(-1, seqs[:, width:, None]).squeeze(-1).tolist()
         for b, row in enumerate(seqs[:, width:].tolist()):
             tokens, truncated = [], True
             for t in row:
@@ -121,7 +122,7 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int
             # A row without a stop token ran every step of the batch, so all its tokens were sampled (generate pads
             # only rows that stopped); a pad id among them is a sampled token and stays.
             out.append(Response(tokens, tokenizer.decode(tokens, skip_special_tokens=True), truncated=truncated,
-                                logprobs=token_logprobs[b][: len(tokens)] if token_logprobs else None))
+                                logprobs=sampled_logprobs[b][: len(tokens)] if sampled_logprobs else None))
         bar.update(len(chunk))
     bar.close()
     model.train(was_training)
@@ -171,33 +172,18 @@ def response_logprobs(model, batch: RolloutBatch, temperature: float, with_entro
     logits = _response_logits(model, inputs, t)
     if sub.vision is not None:  # the tokens generation suppressed have probability 0 under the sampled policy
         logits = sub.vision.mask_blocked(logits)
-    return _token_logprobs(logits, sub.input_ids[:, -t:].to(device), sub.response_mask.to(device) > 0, temperature,
+    return token_logprobs(logits, sub.input_ids[:, -t:].to(device), sub.response_mask.to(device) > 0, temperature,
                            with_entropy, entropy_grad)
 
 
 def _response_logits(model, inputs: dict, t: int) -> torch.Tensor:
-    """Float logits ``[n, t, V]`` predicting the last ``t`` tokens of ``inputs``."""
+    """Logits ``[n, t, V]`` predicting the last ``t`` tokens of ``inputs``, in the dtype the model computed them in
+    (:func:`token_logprobs` upcasts them a block at a time)."""
     try:
         logits = model(**inputs, logits_to_keep=t + 1).logits
     except TypeError:  # a model class without logits_to_keep
         logits = model(**inputs).logits
-    return logits[:, -(t + 1) : -1].float()
-
-
-def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float,
-                    with_entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    log_norm = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - log_norm
-    logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            probs = torch.softmax(logits, dim=-1)
-            entropy = log_norm - (probs * logits).sum(-1)
-        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
-    return logprobs, entropy
+    return logits[:, -(t + 1) : -1]
 
 
 def _row_by_row_logprobs(model, sub: RolloutBatch, temperature: float, with_entropy: bool,
@@ -220,7 +206,7 @@ def _row_by_row_logprobs(model, sub: RolloutBatch, temperature: float, with_entr
         positions = torch.arange(ids.shape[1], device=device)[None]
         logits = _response_logits(model, {"input_ids": ids, "position_ids": positions, "use_cache": False}, span)
         mask = sub.response_mask[i : i + 1, :span].to(device) > 0
-        logprobs, entropy = _token_logprobs(logits, ids[:, -span:], mask, temperature, with_entropy, entropy_grad)
+        logprobs, entropy = token_logprobs(logits, ids[:, -span:], mask, temperature, with_entropy, entropy_grad)
         logprob_rows.append(torch.nn.functional.pad(logprobs, (0, t - span)))
         if with_entropy:
             entropy_rows.append(torch.nn.functional.pad(entropy, (0, t - span)))
