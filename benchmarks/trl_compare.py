@@ -28,8 +28,10 @@ The two runs are the same algorithm with the same settings; each equivalence, as
   ``GenerationConfig`` with these; mmrl neutralises every other logits processor); the same EOS (``<|im_end|>``);
   ``max_completion_length`` = ``rollout.max_new_tokens``; truncated responses train on both
   (``mask_truncated_completions=False``). Log-probs of the tempered policy on both.
-* Prompts: the same chat template applied to the same ``messages`` (TRL's conversational ``prompt`` column); both
-  sample prompts without replacement in shuffled epochs over the 80 training problems, with the run's seed.
+* Prompts: the same chat template applied to the same ``messages`` (TRL's conversational ``prompt`` column), from
+  the task as mmrl builds it for the model (a checkpoint that is not embedded gets the pretrained-model chat: system
+  prompt and one solved example); both sample prompts without replacement in shuffled epochs over the 80 training
+  problems, with the run's seed.
 * Optimiser: AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0, constant schedule, no warm-up, gradient
   clip 1.0 (TRL ``lr_scheduler_type="constant"``; its default is linear decay).
 * Precision and memory settings: float32 on the CPU on both (TRL ``bf16=False``, ``gradient_checkpointing=False``: its
@@ -122,6 +124,15 @@ def mmrl_overrides(s: dict[str, Any], seed: int, out_dir: str) -> dict[str, Any]
     }
 
 
+def comparison_task(settings: dict[str, Any], seed: int, out_dir: str):
+    """The task exactly as mmrl's side builds it from :func:`mmrl_overrides`: a model that is not embedded gets the
+    task's chat for pretrained models (system prompt, one solved example), so TRL must be given the same prompts."""
+    from mmrl.trainer.build import build_task
+    from mmrl.trainer.config import resolve_config
+
+    return build_task(resolve_config([(mmrl_overrides(settings, seed, out_dir), "trl_compare")]))
+
+
 def trl_arguments(s: dict[str, Any], seed: int, out_dir: str) -> dict[str, Any]:
     """TRL's ``GRPOConfig`` arguments of the comparison."""
     s = {**DEFAULTS, **s}
@@ -200,13 +211,12 @@ def trl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir:
     from trl import GRPOConfig, GRPOTrainer
 
     from mmrl.models import EMBEDDED_NAME, load_model, load_tokenizer
-    from mmrl.tasks import get_task
     from mmrl.trainer.rollout import eos_ids
 
     torch.set_num_threads(threads)
     s = {**DEFAULTS, **settings}
     policy = s["model"] or EMBEDDED_NAME
-    task = get_task("arithmetic")
+    task = comparison_task(s, seed, out_dir)
     step_log: dict[str, float] = {}
 
     class LockStep(TrainerCallback):
@@ -261,6 +271,7 @@ def run_seed(settings: dict[str, Any], seed: int, threads: int, out_root: Path) 
         proc = ctx.Process(target=WORKERS[side], args=(child, settings, seed, threads,
                                                        str(out_root / f"{side}-seed{seed}")), daemon=True)
         proc.start()
+        child.close()  # the worker holds the only other end: if it dies, recv() raises EOFError instead of waiting
         conns[side], procs[side] = parent, proc
     try:
         for side in SIDES:  # built one after the other would be fairer, but building is not measured
@@ -281,6 +292,8 @@ def run_seed(settings: dict[str, Any], seed: int, threads: int, out_root: Path) 
             conns[side].send("stop")
             peaks[side] = conns[side].recv()
     finally:
+        for side in SIDES:  # a worker still waiting for its next order reads EOF and ends
+            conns[side].close()
         for side in SIDES:
             procs[side].join(timeout=60)
             if procs[side].is_alive():

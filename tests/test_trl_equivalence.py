@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import copy
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -111,3 +112,29 @@ def test_one_batch_gives_trl_grpo_trainers_gradient(tmp_path, embedded_model_dir
     # the same step from the same gradient: AdamW with the same settings
     for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"):
         assert trainer.optimizer.param_groups[0][key] == trl_trainer.optimizer.param_groups[0][key], key
+
+
+def test_a_worker_that_dies_ends_the_comparison_instead_of_hanging_it(tmp_path):
+    """One worker fails while the other lives (TRL's optimizer refuses a negative learning rate, mmrl's builds): the
+    coordinator's pipe to the dead one reads EOF at once, and the living one ends when the coordinator lets go."""
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); import trl_compare; "
+            "trl_compare.run_seed({'steps': 1, 'prompts': 2, 'group': 2, 'max_new_tokens': 4, 'lr': -1.0, "
+            f"'temperature': 1.0}}, 0, 1, Path({str(tmp_path)!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=BENCHMARKS.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    assert "Invalid learning rate" in proc.stderr and proc.stderr.rstrip().endswith("EOFError")
+
+
+def test_trl_is_given_the_prompts_mmrl_builds_for_the_model(compare, embedded_model_dir, tmp_path):
+    """A checkpoint that is not embedded gets the task's pretrained-model chat on mmrl's side (system prompt, one
+    solved example); TRL's dataset must be built from that same task, or the two sides train on other prompts."""
+    from mmrl.trainer.build import build_task
+    from mmrl.trainer.config import resolve_config
+
+    settings = {"model": str(embedded_model_dir), "steps": 1, "prompts": 2, "group": 2, "max_new_tokens": 4,
+                "lr": 1e-6, "temperature": 1.0}
+    mmrl_task = build_task(resolve_config([(compare.mmrl_overrides(settings, 0, str(tmp_path)), "test")]))
+    trl_task = compare.comparison_task(settings, 0, str(tmp_path))
+    assert compare.trl_rows(trl_task) == compare.trl_rows(mmrl_task)
+    assert trl_task.train[0]["messages"][0]["role"] == "system" and len(trl_task.train[0]["messages"]) > 2
