@@ -51,6 +51,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a GPU machine here has no internet; nothing is downloaded
 
 import torch  # noqa: E402
+from summary import command_line  # noqa: E402
 
 from mmrl.cache import EMBEDDED_NAME, EMBEDDED_VL_NAME  # noqa: E402
 
@@ -138,10 +139,13 @@ def measured_matmul_tflops(device: torch.device, n: int = 8192, repeats: int = 2
 
 def environment(device: torch.device, sizes: dict) -> dict[str, Any]:
     import transformers
+    from summary import machine
 
+    host = machine()
     env: dict[str, Any] = {"device": str(device), "python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__, "machine": platform.machine(),
-                           "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+                           "cpus": os.cpu_count(), "cpu": host["cpu"], "cpu_flags": host["flags"],
+                           "torch_threads": torch.get_num_threads()}
     try:
         import trl
 
@@ -409,6 +413,19 @@ def learning_checks(learn: dict[str, Any], reference: dict[str, Any] | None) -> 
     return rows
 
 
+def collect_reference(reference: subprocess.Popen, root: Path, result: dict[str, Any]) -> None:
+    """Wait for the CPU reference and put its learning runs (or why it has none) into ``result``."""
+    code = reference.wait()
+    ref_json = root / "cpu_reference.json"
+    if ref_json.exists():
+        ref = json.loads(ref_json.read_text())
+        result["cpu_reference"] = ref.get("learning")
+        if ref.get("errors"):
+            result["errors"]["cpu_reference"] = "\n".join(ref["errors"].values())
+    else:
+        result["errors"]["cpu_reference"] = f"exit status {code}: " + (root / "cpu_reference.log").read_text()[-2000:]
+
+
 def start_cpu_reference(args, json_path: Path, log_path: Path) -> subprocess.Popen:
     """The learning section on the CPU in a child process, while the GPU runs its own."""
     command = [sys.executable, str(Path(__file__).resolve()), "--device", "cpu", "--sections", "learning",
@@ -563,6 +580,94 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"verdict: {'PASS' if result['pass'] else 'FAIL'}; JSON: {result['json']}")
 
 
+# ----------------------------------------------------------------------------------------------- summary
+
+
+def judge(result: dict[str, Any]) -> None:
+    """Set ``learning_checks`` (full mode), ``failed`` and the verdict ``pass`` of ``result``."""
+    if result["mode"] == "full" and result.get("learning"):
+        result["learning_checks"] = learning_checks(result["learning"], result.get("cpu_reference"))
+    failed = [r["check"] for r in result.get("correctness", []) + result.get("learning_checks", []) if not r["pass"]]
+    learn = result.get("learning")
+    if learn and not math.isfinite(learn["arithmetic"]["lift"]):
+        failed.append("arithmetic lift is not finite")
+    result["failed"] = failed
+    result["pass"] = not failed and not result["errors"]
+
+
+def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from the runs of several calls (e.g. ``--sections correctness,learning`` on one lease and
+    ``--sections environment,throughput`` on the next): each section from the last run that has it."""
+    merged: dict[str, Any] = {**results[0], "errors": {}, "commands": []}
+    for result in results:
+        for key in ("environment", "correctness", "learning", "cpu_reference", "learning_checks", "throughput"):
+            if key in result:
+                merged[key] = result[key]
+        merged["errors"].update(result.get("errors", {}))
+        merged["commands"].append(result.get("command") or "python benchmarks/gpu_check.py --sections "
+                                  + ",".join(result.get("sections", SECTIONS)))
+    merged["wall_s"] = sum(r.get("wall_s") or sum(r.get("section_wall_s", {}).values()) for r in results)
+    merged["json"] = ", ".join(r.get("json", "?") for r in results)
+    judge(merged)
+    return merged
+
+
+def write_gpu_summary(result: dict[str, Any], out: Path, notes: str = "") -> Path:
+    """The check as a summary for docs/results.md (benchmarks/summary.py): learning and throughput figures as rows
+    (one run each: n = 1), the correctness checks as cases, the machine and versions those of the device's run."""
+    from summary import result_row, write_summary
+
+    env, rows = result["environment"], []
+    learn, ref = result.get("learning"), result.get("cpu_reference")
+    head, tail = result["sizes"]["head_tail"]
+    for device, runs in ((learn and learn["device"], learn), ("cpu (reference)", ref)):
+        if not runs:
+            continue
+        a, g = runs["arithmetic"], runs["geoqa"]
+        label = f"arithmetic GRPO, {a['steps']} steps, on {device}"
+        rows += [result_row(label, f"mean reward of the first {head} steps", {0: a["reward_start"]}),
+                 result_row(label, f"mean reward of the last {tail} steps", {0: a["reward_end"]}),
+                 result_row(label, "reward lift", {0: a["lift"]}),
+                 result_row(label, "held-out pass@1 at the end", {0: a["eval_pass@1"]}),
+                 result_row(label, "wall time", {0: a["wall_s"]}, unit="s")]
+        label = f"geoqa demo GPG, {g['steps']} steps, on {device}"
+        rows += [result_row(label, "held-out pass@1 at step 0", {0: g["pass@1_start"]}),
+                 result_row(label, f"held-out pass@1 after step {g['steps']}", {0: g["pass@1_end"]}),
+                 result_row(label, "held-out pass@1 lift", {0: g["lift"]}),
+                 result_row(label, "wall time", {0: g["wall_s"]}, unit="s")]
+    thr = result.get("throughput")
+    if thr:
+        st = thr["settings"]
+        shape = (f"GRPO step, {thr['parameters'] / 1e6:.0f} M-parameter Qwen2 (random weights), bf16, "
+                 f"{st['prompts']} x {st['group']} x {st['max_new_tokens']} tokens")
+        for side, m in thr["sides"].items():
+            label = f"{side}: {shape}"
+            rows += [result_row(label, "steps per second", {0: m["steps_per_s"]}),
+                     result_row(label, "generated tokens per second", {0: m["generated_tokens_per_s"]}),
+                     result_row(label, "peak CUDA memory", {0: m["peak_device_mb"] or m["peak_rss_mb"]}, unit="MB")]
+            if side == "mmrl":
+                rows += [result_row(label, "update: tokens per second", {0: m["update_tokens_per_s"]}),
+                         result_row(label, "update: TFLOP/s", {0: m["update_tflops"]})]
+                if m.get("mfu_vs_spec") is not None:
+                    rows.append(result_row(label, "update: MFU against the data sheet's bf16 peak",
+                                           {0: m["mfu_vs_spec"]}))
+        rows.append(result_row(f"mmrl / TRL: {shape}", "step throughput, median of interleaved step pairs",
+                               {0: thr["median_paired_ratio"]}, unit="x"))
+    cases = [{"case": f"{r['check']}" + (f" ({r['dtype']})" if r["dtype"] else ""), "what": fmt(r["value"]),
+              "outcome": "PASS" if r["pass"] else "FAIL",
+              "detail": f"limit {fmt(r['limit'])}" + (f"; {r['note']}" if r["note"] else "")}
+             for r in result.get("correctness", []) + result.get("learning_checks", [])]
+    measured_on = {"date": result.get("date") or time.strftime("%Y-%m-%d", time.gmtime()),
+                   "machine": {"arch": env["machine"], "cores": env["cpus"], "cpu": env.get("cpu", ""),
+                               "flags": env.get("cpu_flags", []), "gpu": env.get("gpu")},
+                   "versions": {"python": env["python"], "torch": env["torch"], "cuda": env.get("cuda"),
+                                "transformers": env["transformers"], "trl": env.get("trl")}}
+    title = f"GPU check on one {env.get('gpu') or 'CPU'}: correctness, learning and throughput against TRL"
+    commands = result.get("commands") or [result.get("command", "python benchmarks/gpu_check.py")]
+    return write_summary(out, title, rows, seeds=[0], notes=notes, command="\n".join(commands), cases=cases,
+                         measured_on=measured_on)
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 
@@ -590,6 +695,15 @@ def tiny_vl_model(directory: Path) -> str:
     return str(directory)
 
 
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` whole or not at all: a reader sees the last section's state, never half a file.
+    ``complete`` is false until every section and the verdict are in."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({"complete": False, **result}, indent=1, default=str))
+    os.replace(partial, path)
+
+
 def default_json(device: torch.device, tiny: bool) -> Path:
     label = "cpu"
     if device.type == "cuda":
@@ -609,7 +723,19 @@ def main() -> int:
                         f"{EMBEDDED_VL_NAME}; with --tiny an untrained one of its shape)")
     parser.add_argument("--no-cpu-reference", action="store_true",
                         help="on a GPU, skip the learning runs on the CPU beside it")
+    parser.add_argument("--summary", default="", help="also write a summary for docs/results.md: OUT gives OUT.json "
+                        "(e.g. benchmarks/results/gpu_check)")
+    parser.add_argument("--from", dest="from_json", action="append", default=[], metavar="JSON",
+                        help="run nothing: print the table of these results (several: each section from the last "
+                             "one that has it), and with --summary summarise them")
+    parser.add_argument("--note", default="", help="with --summary: a paragraph for the summary's notes")
     args = parser.parse_args()
+    if args.from_json:
+        result = merge_results([json.loads(Path(f).read_text()) for f in args.from_json])
+        print_table(result)
+        if args.summary:
+            write_gpu_summary(result, Path(args.summary), args.note)
+        return 0
     try:
         device = pick_device(args.device)
         sections = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -627,7 +753,8 @@ def main() -> int:
     sizes = TINY if args.tiny else FULL
     result: dict[str, Any] = {"device": str(device), "mode": "tiny" if args.tiny else "full", "sections": sections,
                               "sizes": {"head_tail": sizes["head_tail"]}, "tolerances": TOLERANCES, "errors": {},
-                              "section_wall_s": {}, "json": str(json_path)}
+                              "section_wall_s": {}, "json": str(json_path), "command": command_line(),
+                              "date": time.strftime("%Y-%m-%d", time.gmtime())}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
         root = Path(tmp)
@@ -647,7 +774,9 @@ def main() -> int:
             if name not in sections:
                 continue
             if name == "throughput" and reference is not None:  # timings only once the CPU reference is done
-                reference.wait()
+                collect_reference(reference, root, result)
+                write_result(json_path, result)
+                reference = None
             t0 = time.perf_counter()
             print(f"gpu_check: {name} ...", flush=True)
             try:
@@ -656,29 +785,16 @@ def main() -> int:
                 result["errors"][name] = traceback.format_exc()
                 print(result["errors"][name], file=sys.stderr, flush=True)
             result["section_wall_s"][name] = time.perf_counter() - t0
+            write_result(json_path, result)  # a run cut short by its machine's time limit keeps what it measured
         if reference is not None:
-            code = reference.wait()
-            ref_json = root / "cpu_reference.json"
-            if ref_json.exists():
-                ref = json.loads(ref_json.read_text())
-                result["cpu_reference"] = ref.get("learning")
-                if ref.get("errors"):
-                    result["errors"]["cpu_reference"] = "\n".join(ref["errors"].values())
-            else:
-                result["errors"]["cpu_reference"] = (f"exit status {code}: "
-                                                     + (root / "cpu_reference.log").read_text()[-2000:])
+            collect_reference(reference, root, result)
     result["wall_s"] = time.perf_counter() - start
-    if not args.tiny and result.get("learning"):
-        result["learning_checks"] = learning_checks(result["learning"], result.get("cpu_reference"))
-    failed = [r["check"] for r in result.get("correctness", []) + result.get("learning_checks", []) if not r["pass"]]
-    learn = result.get("learning")
-    if learn and not math.isfinite(learn["arithmetic"]["lift"]):
-        failed.append("arithmetic lift is not finite")
-    result["failed"] = failed
-    result["pass"] = not failed and not result["errors"]
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1, default=str))
+    judge(result)
+    result["complete"] = True
+    write_result(json_path, result)
     print_table(result)
+    if args.summary:
+        write_gpu_summary(result, Path(args.summary), args.note)
     return 0 if result["pass"] else 1
 
 

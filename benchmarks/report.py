@@ -56,13 +56,19 @@ def number(value: float | None, unit: str = "") -> str:
     return f"{text} {unit}".strip()
 
 
+def cell(text: Any) -> str:
+    """``text`` as one Markdown table cell: a pipe (``|diff|``) would end the cell, a newline the row."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def section(name: str, summary: dict[str, Any]) -> str:
     machine, versions = summary["machine"], summary["versions"]
     flags = ", ".join(machine.get("flags") or []) or "no flags recorded"
     lines = [f'<a id="{name}"></a>', f"## {summary['title']}", "",
              f"```bash\n{summary['command']}\n```", "",
              f"Measured {summary['date']} on {machine.get('cores')} × {machine.get('arch')} "
-             f"({machine.get('cpu') or 'CPU model not recorded'}; {flags}); "
+             f"({machine.get('cpu') or 'CPU model not recorded'}; {flags})"
+             + (f" with one {machine['gpu']}" if machine.get("gpu") else "") + "; "
              + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".", ""]
     if summary.get("notes"):
         lines += [summary["notes"], ""]
@@ -71,11 +77,11 @@ def section(name: str, summary: dict[str, Any]) -> str:
     for row in summary["rows"]:
         unit = row.get("unit", "")
         per_seed = ", ".join(f"{k}: {number(v)}" for k, v in row["values"].items())
-        lines.append(f"| {row['label']} | {row['metric']} | {number(row['mean'], unit)} | {number(row['se'])} | "
-                     f"{number(row['min'])} … {number(row['max'])} | {row['n']} | {per_seed} |")
+        lines.append(f"| {cell(row['label'])} | {cell(row['metric'])} | {number(row['mean'], unit)} | "
+                     f"{number(row['se'])} | {number(row['min'])} … {number(row['max'])} | {row['n']} | {per_seed} |")
     if summary.get("cases"):
         lines += ["", "| case | what | outcome |", "|---|---|---|"]
-        lines += [f"| {c['case']} | {c['what']} | {c['outcome']}: {c.get('detail', '')} |".replace("\n", " ")
+        lines += [f"| {cell(c['case'])} | {cell(c['what'])} | {cell(c['outcome'] + ': ' + c.get('detail', ''))} |"
                   for c in summary["cases"]]
     if summary.get("figure"):
         lines += ["", f"![{summary['title']}]({Path(summary['figure']).relative_to('docs').as_posix()})"

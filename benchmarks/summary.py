@@ -102,12 +102,16 @@ def publish_figure(out: Path, png: Path) -> str | None:
 
 def write_summary(out: Path, title: str, rows: list[dict[str, Any]], *, seeds: list[int], notes: str = "",
                   figure: str | None = None, command: str | None = None,
-                  cases: list[dict[str, str]] | None = None) -> Path:
+                  cases: list[dict[str, str]] | None = None, measured_on: dict[str, Any] | None = None) -> Path:
     """Write ``<out>.json`` (see the module docstring) and return its path. ``cases``: a table of named cases and
-    their outcomes (``case``, ``what``, ``outcome``, ``detail``), for checks that are not measurements."""
+    their outcomes (``case``, ``what``, ``outcome``, ``detail``), for checks that are not measurements.
+    ``measured_on``: ``date``, ``machine`` and ``versions`` of figures measured on another machine (a GPU machine's
+    results summarised here); by default this machine's, today."""
     out = Path(out)
+    where = {"date": datetime.date.today().isoformat(), "machine": machine(), "versions": versions(),
+             **(measured_on or {})}
     summary = {"schema": SCHEMA, "name": out.name, "title": title, "command": command or command_line(),
-               "date": datetime.date.today().isoformat(), "machine": machine(), "versions": versions(),
+               "date": where["date"], "machine": where["machine"], "versions": where["versions"],
                "seeds": list(seeds), "rows": rows, "notes": notes, "figure": figure}
     if cases:
         summary["cases"] = cases

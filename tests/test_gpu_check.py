@@ -34,7 +34,8 @@ def test_the_tiny_cpu_check_passes_every_section(tiny_run):
     proc, out = tiny_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["pass"] and not result["errors"] and not result["failed"]
+    assert result["pass"] and not result["errors"] and not result["failed"] and result["complete"]
+    assert not out.with_name(out.name + ".partial").exists()
     checks = {(r["check"], r["dtype"]) for r in result["correctness"]}
     for dtype in ("float32", "bfloat16"):
         assert ("greedy sampler = generate", dtype) in checks
@@ -89,3 +90,34 @@ def test_spec_sheet_peaks_match_the_device_names():
     assert spec_peak_tflops("NVIDIA H200") == 989.4
     assert spec_peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
     assert spec_peak_tflops("Some Future GPU") is None
+
+
+def test_results_of_separate_calls_merge_into_one_summary_for_the_results_page(tiny_run, tmp_path):
+    """Runs split over two calls (a lease's time limit) are merged section by section, and the summary carries the
+    run's own machine and versions, the correctness checks as cases, and renders on the results page."""
+    _, out = tiny_run
+    whole = json.loads(out.read_text())
+    first = {k: v for k, v in whole.items() if k not in ("throughput", "wall_s", "pass", "failed", "complete")}
+    first["environment"] = {**whole["environment"], "gpu": "First GPU"}
+    second = {k: v for k, v in whole.items() if k not in ("correctness", "learning")}
+    (tmp_path / "first.json").write_text(json.dumps({**first, "complete": False}))
+    (tmp_path / "second.json").write_text(json.dumps(second))
+    proc = run_check("--from", str(tmp_path / "first.json"), "--from", str(tmp_path / "second.json"),
+                     "--summary", str(tmp_path / "gpu_check"), "--note", "two calls", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verdict: PASS" in proc.stdout and "correctness check" in proc.stdout and "throughput:" in proc.stdout
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert summary["machine"]["gpu"] is None  # the environment of the last call that has one: the second's
+    assert summary["versions"]["torch"] == whole["environment"]["torch"] and summary["notes"] == "two calls"
+    assert {c["case"] for c in summary["cases"]} >= {"greedy sampler = generate (float32)",
+                                                     "checkpoint: RNG states round-trip exactly"}
+    metrics = {(r["label"].split(":")[0], r["metric"]) for r in summary["rows"]}
+    assert ("mmrl", "update: tokens per second") in metrics and ("trl", "steps per second") in metrics
+    assert any(m == "reward lift" for _, m in metrics)
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    page = report.section("gpu_check", report.load(tmp_path / "gpu_check.json"))
+    assert "max \\|diff\\|" in page  # a pipe inside a cell is escaped, so the table keeps its columns
