@@ -99,3 +99,26 @@ def test_the_blocks_cover_every_token_once_within_the_budget(n, t, vocab, budget
         assert block.numel() * vocab <= max(budget, vocab)
         seen[rows, tokens] += 1
     assert torch.all(seen == 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_never_sampled_tokens_have_probability_zero_and_a_finite_entropy(dtype, temperature):
+    """Vision placeholders get the dtype's lowest logit (mmrl.vision.inputs.mask_tokens); below temperature 1 that
+    overflowed to -inf and the entropy became NaN. They must count as absent from the vocabulary."""
+    from mmrl.vision.inputs import mask_tokens
+
+    logits, targets, mask, weights = case(dtype, seed=5)
+    blocked = [3, 4, 30]
+    targets = torch.where(torch.isin(targets, torch.tensor(blocked)), 0, targets)
+    kept = [i for i in range(logits.shape[-1]) if i not in blocked]
+    a = mask_tokens(logits, blocked).requires_grad_()
+    lp, ent = token_logprobs(a, targets, mask, temperature, with_entropy=True, entropy_grad=True, budget=60)
+    remap = torch.full((logits.shape[-1],), -1, dtype=torch.long)
+    remap[kept] = torch.arange(len(kept))
+    ref_lp, ref_ent = whole_tensor(logits[..., kept], remap[targets], mask, temperature, True)
+    assert torch.isfinite(ent).all() and torch.isfinite(lp).all()
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
+    ((lp - ent) * weights).sum().backward()
+    assert torch.isfinite(a.grad.float()).all() and torch.all(a.grad[..., blocked] == 0)

@@ -30,6 +30,16 @@ def _blocks(n: int, t: int, vocab: int, budget: int):
             yield slice(i, i + 1), slice(j, min(j + step, t))
 
 
+def _tempered(block: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``block`` in float32, divided by ``temperature``. A token generation never samples (a vision placeholder) has
+    the dtype's lowest logit: divided by a temperature below 1 it would overflow to -inf, and the entropy's p · z
+    would be 0 · -inf = NaN; it is held at float32's lowest value, where its probability is still exactly 0."""
+    z = block.float()
+    if temperature != 1.0:
+        z = (z / temperature).clamp_min(torch.finfo(torch.float32).min)
+    return z
+
+
 class _TokenLogProbs(torch.autograd.Function):
     """(log p(target), entropy or None) of ``logits [N, T, V]`` / ``temperature``, each ``[N, T]`` in float32."""
 
@@ -40,9 +50,7 @@ class _TokenLogProbs(torch.autograd.Function):
         log_norm = torch.empty_like(logprobs)
         entropy = torch.empty_like(logprobs) if with_entropy else None
         for rows, tokens in _blocks(n, t, vocab, budget):
-            z = logits[rows, tokens].float()
-            if temperature != 1.0:
-                z = z / temperature
+            z = _tempered(logits[rows, tokens], temperature)
             norm = torch.logsumexp(z, dim=-1)
             log_norm[rows, tokens] = norm
             logprobs[rows, tokens] = z.gather(-1, targets[rows, tokens, None]).squeeze(-1) - norm
@@ -62,9 +70,7 @@ class _TokenLogProbs(torch.autograd.Function):
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         n, t, vocab = logits.shape
         for rows, tokens in _blocks(n, t, vocab, ctx.budget):
-            z = logits[rows, tokens].float()
-            if temperature != 1.0:
-                z = z / temperature
+            z = _tempered(logits[rows, tokens], temperature)
             norm = log_norm[rows, tokens, None]
             p = torch.exp(z - norm)
             g = torch.zeros_like(z)
