@@ -52,6 +52,8 @@ def load(path: Path) -> dict[str, Any]:
 def number(value: float | None, unit: str = "") -> str:
     if value is None:
         return "–"
+    if abs(value) < 1e-12:  # a mean of exactly cancelling values carries float noise (5.55e-18), not a figure
+        value = 0.0
     text = f"{value:.3g}" if abs(value) >= 1000 or (value != 0 and abs(value) < 0.001) else f"{value:.3f}"
     return f"{text} {unit}".strip()
 
