@@ -153,7 +153,7 @@ def base_pass_at_1(args: argparse.Namespace, seed: int, cache: Path) -> float:
 
 def summarise(algo: str, mode: str, seed: int, result: dict[str, Any], start: float) -> dict[str, Any]:
     records = [r for r in result["records"] if "step_time" in r]  # not the step-0 evaluation record
-    evals = [(r["step"] + 1, r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
+    evals = [(r["step"], r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
     mean = lambda key: statistics.mean(r[key] for r in records)  # noqa: E731
     return {"algorithm": algo, "mode": mode, "seed": seed, "steps": len(records), "pass@1_start": start,
             "pass@1_end": evals[-1][1], "lift": evals[-1][1] - start, "eval_curve": [(0, start)] + evals,
