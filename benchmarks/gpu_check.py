@@ -144,7 +144,8 @@ def environment(device: torch.device, sizes: dict) -> dict[str, Any]:
     host = machine()
     env: dict[str, Any] = {"device": str(device), "python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__, "machine": platform.machine(),
-                           "cpus": os.cpu_count(), "cpu": host["cpu"], "cpu_flags": host["flags"],
+                           "cpus": os.cpu_count(), "cores": host["cores"], "cpu": host["cpu"],
+                           "cpu_flags": host["flags"],
                            "torch_threads": torch.get_num_threads()}
     try:
         import trl
@@ -600,9 +601,12 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
     ``--sections environment,throughput`` on the next): each section from the last run that has it."""
     merged: dict[str, Any] = {**results[0], "errors": {}, "commands": []}
     for result in results:
+        if "learning" in result:  # a reference is only comparable with the learning runs it ran beside
+            merged.pop("cpu_reference", None)
         for key in ("environment", "correctness", "learning", "cpu_reference", "learning_checks", "throughput"):
             if key in result:
                 merged[key] = result[key]
+                merged["errors"].pop(key, None)  # a section done again replaces an earlier failure of it
         merged["errors"].update(result.get("errors", {}))
         merged["commands"].append(result.get("command") or "python benchmarks/gpu_check.py --sections "
                                   + ",".join(result.get("sections", SECTIONS)))
@@ -642,9 +646,10 @@ def write_gpu_summary(result: dict[str, Any], out: Path, notes: str = "") -> Pat
                  f"{st['prompts']} x {st['group']} x {st['max_new_tokens']} tokens")
         for side, m in thr["sides"].items():
             label = f"{side}: {shape}"
+            peak = ("peak CUDA memory", m["peak_device_mb"]) if m["peak_device_mb"] else ("peak RSS", m["peak_rss_mb"])
             rows += [result_row(label, "steps per second", {0: m["steps_per_s"]}),
                      result_row(label, "generated tokens per second", {0: m["generated_tokens_per_s"]}),
-                     result_row(label, "peak CUDA memory", {0: m["peak_device_mb"] or m["peak_rss_mb"]}, unit="MB")]
+                     result_row(label, peak[0], {0: peak[1]}, unit="MB")]
             if side == "mmrl":
                 rows += [result_row(label, "update: tokens per second", {0: m["update_tokens_per_s"]}),
                          result_row(label, "update: TFLOP/s", {0: m["update_tflops"]})]
@@ -658,8 +663,8 @@ def write_gpu_summary(result: dict[str, Any], out: Path, notes: str = "") -> Pat
               "detail": f"limit {fmt(r['limit'])}" + (f"; {r['note']}" if r["note"] else "")}
              for r in result.get("correctness", []) + result.get("learning_checks", [])]
     measured_on = {"date": result.get("date") or time.strftime("%Y-%m-%d", time.gmtime()),
-                   "machine": {"arch": env["machine"], "cores": env["cpus"], "cpu": env.get("cpu", ""),
-                               "flags": env.get("cpu_flags", []), "gpu": env.get("gpu")},
+                   "machine": {"arch": env["machine"], "cores": env.get("cores", env["cpus"]),
+                               "cpu": env.get("cpu", ""), "flags": env.get("cpu_flags", []), "gpu": env.get("gpu")},
                    "versions": {"python": env["python"], "torch": env["torch"], "cuda": env.get("cuda"),
                                 "transformers": env["transformers"], "trl": env.get("trl")}}
     title = f"GPU check on one {env.get('gpu') or 'CPU'}: correctness, learning and throughput against TRL"

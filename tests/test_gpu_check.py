@@ -121,3 +121,17 @@ def test_results_of_separate_calls_merge_into_one_summary_for_the_results_page(t
         sys.path.remove(str(REPO / "benchmarks"))
     page = report.section("gpu_check", report.load(tmp_path / "gpu_check.json"))
     assert "max \\|diff\\|" in page  # a pipe inside a cell is escaped, so the table keeps its columns
+
+
+def test_a_section_done_again_replaces_an_earlier_failure_of_it():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from gpu_check import merge_results
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    first = {"mode": "full", "sections": ["throughput"], "errors": {"throughput": "OutOfMemoryError"},
+             "cpu_reference": {"arithmetic": {"lift": 0.2}}}
+    second = {"mode": "full", "sections": ["throughput"], "errors": {}, "throughput": {"sides": {}},
+              "learning": {"device": "cuda", "arithmetic": {"lift": 0.3}, "geoqa": {"lift": 0.1}}}
+    merged = merge_results([first, second])
+    assert merged["errors"] == {} and "cpu_reference" not in merged and merged["throughput"] == {"sides": {}}

@@ -122,3 +122,11 @@ def test_never_sampled_tokens_have_probability_zero_and_a_finite_entropy(dtype, 
     torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
     ((lp - ent) * weights).sum().backward()
     assert torch.isfinite(a.grad.float()).all() and torch.all(a.grad[..., blocked] == 0)
+
+
+def test_greedy_temperature_zero_scores_the_raw_policy():
+    """Greedy rows (temperature 0) are recorded and re-scored under the untempered policy, as before."""
+    logits, targets, mask, _ = case(torch.float32, seed=6)
+    greedy, _ = token_logprobs(logits, targets, mask, 0.0, with_entropy=False)
+    raw, _ = token_logprobs(logits, targets, mask, 1.0, with_entropy=False)
+    assert torch.equal(greedy, raw) and torch.isfinite(greedy).all()

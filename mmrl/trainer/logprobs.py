@@ -91,7 +91,9 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tens
                    budget: int = CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float32 log-probs ``[N, T]`` of ``targets`` under ``logits [N, T, V]`` / ``temperature`` (any float dtype,
     computed in float32 ``budget`` logits at a time), 0 where ``mask`` is false; and the token entropy when
-    ``with_entropy``, with a gradient only when ``entropy_grad`` (an entropy bonus in the loss)."""
+    ``with_entropy``, with a gradient only when ``entropy_grad`` (an entropy bonus in the loss). A ``temperature``
+    of 0 or below (greedy decoding) scores the raw policy, the distribution greedy decoding takes its argmax of."""
+    temperature = temperature if temperature > 0 else 1.0
     logprobs, entropy = _TokenLogProbs.apply(logits, targets, temperature, with_entropy,
                                              with_entropy and entropy_grad, budget)
     zero = torch.zeros((), device=logprobs.device)
