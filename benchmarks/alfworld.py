@@ -362,7 +362,7 @@ def main() -> None:
             records, wall, final = run_rl(overrides, out / "runs" / f"{algo}-seed{rl_seed}",
                                           held_out_tasks(args, games), args)
             records = [r for r in records if "reward" in r]  # training steps (the step-0 evaluation has none)
-            curve = [(0, start_success)] + [(r["step"] + 1, r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
+            curve = [(0, start_success)] + [(r["step"], r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
             curves[(algo, rl_seed)] = curve
             row = {"algorithm": algo, "warm seed": seed, "seed": rl_seed, "steps": args.rl_steps, "seconds": wall,
                    "held-out greedy, start": start_success, "held-out greedy, end": final["valid_seen"][0]["pass@1"],

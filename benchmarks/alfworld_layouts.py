@@ -58,7 +58,7 @@ def read_run(run: Path, steps: int) -> dict | None:
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     evals = [r for r in records if "eval/success_rate" in r]
     train = [r for r in records if "step_time" in r]
-    if len(train) < steps or not evals or evals[-1]["step"] != steps - 1:
+    if len(train) < steps or not evals or evals[-1]["step"] != steps:
         return None
     return {"train": train, "evals": evals, **json.loads(cost.read_text())}
 

@@ -39,7 +39,7 @@ def finished(run: Path, steps: int) -> list[dict] | None:
     if not path.is_file():
         return None
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    last = [r for r in records if r.get("step") == steps - 1 and "eval/pass@1" in r]
+    last = [r for r in records if r.get("step") == steps and "eval/pass@1" in r]
     return records if last else None
 
 

@@ -80,7 +80,7 @@ def sigterm(work: Path, trials: int, twice: bool) -> Counter:
         seen["traceback" if "Traceback" in err else "no traceback"] += 1
         code, err = finish(train("--out", str(out), "--resume"))
         logged = steps_logged(out)
-        seen["resumed to the end, every step once" if code == 0 and logged == list(range(6)) else
+        seen["resumed to the end, every step once" if code == 0 and logged == list(range(1, 7)) else
              f"resume: exit {code} steps {logged}"] += 1
     return seen
 
@@ -149,7 +149,7 @@ def concurrent(work: Path, trials: int) -> Counter:
         results = sorted([finish(a), finish(b)], key=lambda r: r[0])
         seen[f"exit codes {[r[0] for r in results]}"] += 1
         seen["loser: " + last_error(results[1][1])[:60].replace(str(out), "<out>")] += 1
-        seen["metrics hold one run's steps" if steps_logged(out) == [0, 1, 2] else
+        seen["metrics hold one run's steps" if steps_logged(out) == [1, 2, 3] else
              f"metrics steps {steps_logged(out)}"] += 1
     return seen
 

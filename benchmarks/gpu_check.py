@@ -343,8 +343,8 @@ def checkpoint_round_trip(device, steps: int, root: Path) -> list[dict[str, Any]
         records_b = read_metrics(root / "resumed" / "metrics.jsonl")
     finally:
         torch.use_deterministic_algorithms(deterministic)
-    tail_a = [r for r in records_a if r["step"] >= half]
-    tail_b = [r for r in records_b if r["step"] >= half]
+    tail_a = [r for r in records_a if r["step"] > half]  # the updates after the checkpoint
+    tail_b = [r for r in records_b if r["step"] > half]
     same_rewards = [r["reward"] for r in tail_a] == [r["reward"] for r in tail_b] and len(tail_a) == steps - half
     loss_diff = max(abs(a.get("loss", 0.0) - b.get("loss", 0.0)) for a, b in zip(tail_a, tail_b, strict=True))
     loss_tol = CHECKPOINT_LOSS_TOL[device.type]

@@ -153,7 +153,7 @@ def base_pass_at_1(args: argparse.Namespace, seed: int, cache: Path) -> float:
 
 def summarise(algo: str, mode: str, seed: int, result: dict[str, Any], start: float) -> dict[str, Any]:
     records = [r for r in result["records"] if "step_time" in r]  # not the step-0 evaluation record
-    evals = [(r["step"] + 1, r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
+    evals = [(r["step"], r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
     mean = lambda key: statistics.mean(r[key] for r in records)  # noqa: E731
     return {"algorithm": algo, "mode": mode, "seed": seed, "steps": len(records), "pass@1_start": start,
             "pass@1_end": evals[-1][1], "lift": evals[-1][1] - start, "eval_curve": [(0, start)] + evals,
@@ -200,6 +200,36 @@ def train(args: argparse.Namespace) -> None:
                "mean_lift": {name: statistics.mean(lifts) for name, lifts in means.items()}}
     (out / "train.json").write_text(json.dumps(payload, indent=2))
     plot(rows, out / "real_model.png")
+    if rows:
+        write_train_summary(args, rows, out)
+
+
+def write_train_summary(args: argparse.Namespace, rows: list[dict[str, Any]], out: Path) -> None:
+    """The results-page summary: per objective x mode, held-out pass@1 before and after, its lift, wall time and
+    peak memory, seed by seed."""
+    sys.path.insert(0, str(HERE))
+    from summary import publish_figure, result_row, write_summary
+
+    summary_rows = []
+    for algo in dict.fromkeys(r["algorithm"] for r in rows):
+        for mode in dict.fromkeys(r["mode"] for r in rows if r["algorithm"] == algo):
+            mine = [r for r in rows if r["algorithm"] == algo and r["mode"] == mode]
+            label = f"{algo}, {'LoRA' if mode == 'lora' else 'full fine-tune'}, {args.steps} steps"
+            summary_rows += [
+                result_row(label, f"held-out pass@1 at step 0 (k = {args.eval_k})",
+                           {r["seed"]: r["pass@1_start"] for r in mine}),
+                result_row(label, f"held-out pass@1 after step {args.steps}",
+                           {r["seed"]: r["pass@1_end"] for r in mine}),
+                result_row(label, "held-out pass@1 rise", {r["seed"]: r["lift"] for r in mine}),
+                result_row(label, "wall time of the run", {r["seed"]: r["wall_s"] for r in mine}, unit="s"),
+                result_row(label, "peak RSS", {r["seed"]: r["peak_rss_mb"] for r in mine}, unit="MB")]
+    seeds = sorted({r["seed"] for r in rows})
+    write_summary(out, f"SmolLM2-135M-Instruct (GGUF) on arithmetic: {', '.join(args.algos.split(','))}, "
+                       f"LoRA and full fine-tune", summary_rows, seeds=seeds,
+                  figure=publish_figure(out, out / "real_model.png"),
+                  notes=f"{args.prompts} prompts x {args.group} samples per step, {args.max_new_tokens} new tokens, "
+                        f"{args.threads} thread(s) per run; held-out pass@1 sampled at temperature 1, k = "
+                        f"{args.eval_k} per problem, the untrained model's from the same evaluation and seed.")
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

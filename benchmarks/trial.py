@@ -340,7 +340,7 @@ def overwrite_run_with_user_files(work: Path) -> tuple[str, str]:
         return LOST, f"lost {gone}"
     if again.returncode != 0:
         return refused(again.returncode, err)
-    if steps_logged(run) != [0]:
+    if steps_logged(run) != [1]:
         return WRONG, f"metrics steps {steps_logged(run)}"
     return RIGHT, "the run started afresh; notes.txt and checkpoints/best.bin kept"
 
@@ -480,7 +480,7 @@ def sigterm_then_resume(work: Path) -> tuple[str, str]:
     logged = steps_logged(out)
     if resumed.returncode != 0:
         return CRASH, f"resume exit {resumed.returncode}: {err.strip().splitlines()[-1][:120]}"
-    return (RIGHT, "every step logged once") if logged == [0, 1, 2, 3] else (LOST, f"steps logged {logged}")
+    return (RIGHT, "every step logged once") if logged == [1, 2, 3, 4] else (LOST, f"steps logged {logged}")
 
 
 @case("two_runs_one_folder", "two 2-step runs started together into one --out", trains=True)
@@ -490,7 +490,7 @@ def two_runs_one_folder(work: Path) -> tuple[str, str]:
     results = sorted(((p.wait(timeout=900), p.communicate()[1]) for p in runs), key=lambda r: r[0])
     if [r[0] for r in results] != [0, 2]:
         return CRASH if any("Traceback" in r[1] for r in results) else WRONG, f"exit codes {[r[0] for r in results]}"
-    if steps_logged(out) != [0, 1]:
+    if steps_logged(out) != [1, 2]:
         return LOST, f"metrics steps {steps_logged(out)}"
     return CLEAR, refused(2, results[1][1], expect="in use")[1]
 

@@ -173,9 +173,9 @@ def test_the_headline_command_is_the_demo_run():
 
 
 def test_the_readme_reads_the_demos_last_evaluation():
-    """Samples are labelled with the 0-based index of the step they follow: the demo's last evaluation is STEPS - 1."""
+    """Samples are labelled with the number of updates made before them: the demo's last evaluation is STEPS."""
     steps = int(re.search(r"^STEPS \?= (\d+)", (REPO / "Makefile").read_text(), re.MULTILINE).group(1))
-    assert f"select(.step == {steps - 1})" in (REPO / "README.md").read_text()
+    assert f"select(.step == {steps})" in (REPO / "README.md").read_text()
 
 
 EVAL_COMMANDS = documented_commands("python -m mmrl.eval")

@@ -15,8 +15,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "config_runs.py"
 def finished_run(run: Path, start: float, end: float, wall: float) -> None:
     """A run folder as mmrl.train leaves it after 2 steps with evaluations at step 0 and after the last step."""
     run.mkdir(parents=True)
-    records = [{"step": 0, "eval/pass@1": start}, {"step": 0, "reward": 1.0},
-               {"step": 1, "reward": 1.0, "eval/pass@1": end}]
+    records = [{"step": 0, "eval/pass@1": start}, {"step": 1, "reward": 1.0},
+               {"step": 2, "reward": 1.0, "eval/pass@1": end}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run / "wall.json").write_text(json.dumps({"wall_s": wall}))
 

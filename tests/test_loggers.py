@@ -49,10 +49,10 @@ def test_resume_continues_the_event_log_and_overwrite_replaces_it(tmp_path, embe
     first.run()
     resumed = build_trainer(small_config(tmp_path, **{"run.tensorboard": True, "run.steps": 3, "run.resume": True}))
     resumed.run()
-    assert sorted(read_event_scalars(first.run_dir)["reward"]) == [0, 1, 2]
+    assert sorted(read_event_scalars(first.run_dir)["reward"]) == [1, 2, 3]
     fresh = build_trainer(small_config(tmp_path, **{"run.tensorboard": True, "run.steps": 1, "run.overwrite": True}))
     fresh.run()
-    assert sorted(read_event_scalars(fresh.run_dir)["reward"]) == [0]  # the replaced run's events are gone
+    assert sorted(read_event_scalars(fresh.run_dir)["reward"]) == [1]  # the replaced run's events are gone
 
 
 def test_wandb_logs_offline_with_the_run_config(tmp_path, embedded_model_dir, small_config, monkeypatch):

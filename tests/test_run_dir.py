@@ -155,7 +155,7 @@ def test_two_trainings_at_once_from_the_command_line(tmp_path, embedded_model_di
     assert second.stderr.strip().splitlines()[-1].startswith("error: run.out_dir")
     assert "in use by process" in second.stderr and "Traceback" not in second.stderr
     trainer.run()
-    assert [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [0]
+    assert [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1]
 
 
 def test_a_start_that_fails_after_the_claim_leaves_no_lock_file(tmp_path):

@@ -20,7 +20,7 @@ def test_every_evaluation_writes_a_few_prompts_with_rewards_and_reasons(tmp_path
     trainer.run()
     records = [json.loads(line) for line in (trainer.run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 2 * 3  # 2 evaluations x 2 prompts x 3 completions
-    assert [r["step"] for r in records] == [0] * 6 + [1] * 6  # the step numbers of metrics.jsonl
+    assert [r["step"] for r in records] == [1] * 6 + [2] * 6  # the step numbers of metrics.jsonl
     held_out = {row["answer"]: prompt_text(row) for row in trainer.task.eval[:2]}
     for r in records:
         assert held_out[r["answer"]] == r["prompt"] and r["prompt"].startswith("Compute ")

@@ -26,9 +26,9 @@ def test_every_algorithm_trains_two_steps(tmp_path, embedded_model_dir, name, sm
     trainer = build_trainer(cfg)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     last = trainer.run()
-    assert trainer.step == 2 and last["step"] == 1
+    assert trainer.step == 2 and last["step"] == 2  # a record's step: the updates made once it ends
     records = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [1, 2]
     for key in ("reward", "accuracy", "response_length", "entropy", "grad_norm", "kl_old", "step_time",
                 "tokens_per_s", "format_rate", "eval/pass@1", "eval/pass@2", "eval/avg@2", "eval/format_rate"):
         assert key in records[-1], key
@@ -248,7 +248,7 @@ def test_overwrite_starts_afresh_and_drops_the_old_checkpoints(tmp_path, embedde
     assert latest_checkpoint(fresh.run_dir) is None
     fresh.run()
     assert load_checkpoint(latest_checkpoint(fresh.run_dir))["step"] == 1
-    assert [json.loads(x)["step"] for x in (fresh.run_dir / "metrics.jsonl").read_text().splitlines()] == [0]
+    assert [json.loads(x)["step"] for x in (fresh.run_dir / "metrics.jsonl").read_text().splitlines()] == [1]
 
 
 def test_bf16_autocast_and_gradient_checkpointing_train(tmp_path, embedded_model_dir, small_config):

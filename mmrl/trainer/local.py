@@ -285,7 +285,7 @@ class Trainer:
             valid += [g for g in last if not g.all_rewards_equal]
         if len(valid) < rule.valid_fraction * target:
             log.warning("step %d: only %d/%d valid groups after %d resampling rounds (β_th=%.2f); training on them",
-                        self.step, len(valid), target, rounds, rule.valid_fraction)
+                        self.step + 1, len(valid), target, rounds, rule.valid_fraction)
         kept = valid[:target]
         kept += [g for g in last if g.all_rewards_equal][: target - len(kept)]
         return kept, {"resample_rounds": float(rounds)}
@@ -466,8 +466,8 @@ class Trainer:
         t_gen = time.perf_counter() - t0
         failed, self.failed_episodes = self.failed_episodes, []
         if not groups:  # every env of the step failed: nothing to learn from, the run goes on
-            log.warning("step %d: every episode's env failed; no update", self.step)
-            return {"step": self.step, "reward": float("nan"), "accuracy": float("nan"), "response_length": 0.0,
+            log.warning("step %d: every episode's env failed; no update", self.step + 1)
+            return {"step": self.step + 1, "reward": float("nan"), "accuracy": float("nan"), "response_length": 0.0,
                     "updates": 0.0, **episode_metrics(failed)}
         t1 = time.perf_counter()
         batch, stats = self.prepare_batch(groups)
@@ -481,7 +481,7 @@ class Trainer:
         lengths = [len(r.token_ids) for r in responses]
         reasons = Counter(r.reward.reason for r in responses if r.reward.reason)
         record: dict[str, Any] = {
-            "step": self.step,
+            "step": self.step + 1,  # the update this step makes: a record is labelled with the updates done after it
             "reward": float(batch.rewards.mean()),
             "reward_std": float(batch.rewards.std()) if batch.size > 1 else 0.0,
             "accuracy": float(np.mean([c.get(self.task.accuracy_key, 0.0) >= 1.0 for c in components])),
@@ -558,7 +558,7 @@ class Trainer:
             out["eval/average"] = (sum(out[f"eval/{s.name}/{s.config.metric}"] for s in self.eval_sets)
                                    / len(self.eval_sets))
         if samples is not None and r.eval_sample_prompts:
-            samples.append(group_records(groups, step=self.step - 1, max_prompts=r.eval_sample_prompts))
+            samples.append(group_records(groups, step=self.step, max_prompts=r.eval_sample_prompts))
         return out
 
     def evaluate_task(self, task: Task | EnvTask, k: int, temperature: float, top_p: float, max_new_tokens: int,
@@ -580,7 +580,8 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Train until ``run.steps``; on SIGINT/SIGTERM finish the step, checkpoint and stop."""
         cfg = self.cfg
-        resume_step = self.step if cfg.run.resume else None
+        # the first step a resumed run logs again: records up to its checkpoint's step stay
+        resume_step = self.step + 1 if cfg.run.resume else None
         if self.owner is not None:  # recorded before they are written: a later --run.overwrite removes them
             self.owner.record("metrics.jsonl", SAMPLES_FILE, *RunLoggers.names(cfg.run.wandb))
         metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=resume_step)

@@ -12,6 +12,7 @@ compares them).
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 # float32 elements of one block of logits (256 MiB): a few rows of a 150k vocabulary, a whole batch of a small one.
 CHUNK_ELEMENTS = 1 << 26
@@ -36,8 +37,8 @@ def _tempered(block: torch.Tensor, temperature: float) -> torch.Tensor:
     would be 0 · -inf = NaN; it is held at float32's lowest value, where its probability is still exactly 0."""
     z = block.float()
     if temperature != 1.0:
-        z = (z / temperature).clamp_min(torch.finfo(torch.float32).min)
-    return z
+        z = z / temperature
+    return z.clamp_min(torch.finfo(torch.float32).min)
 
 
 class _TokenLogProbs(torch.autograd.Function):
@@ -64,6 +65,7 @@ class _TokenLogProbs(torch.autograd.Function):
         return logprobs, entropy
 
     @staticmethod
+    @once_differentiable  # the gradient is recomputed from saved values, not a graph: no second derivative
     def backward(ctx, grad_logprobs, grad_entropy):
         logits, targets, log_norm, entropy = ctx.saved_tensors
         temperature = ctx.temperature

@@ -110,8 +110,11 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], max_new_tokens: int
                               output_scores=return_logprobs, return_dict_in_generate=return_logprobs)
         sampled_logprobs = None
         if return_logprobs:  # the processed scores are the (tempered) distribution each token was sampled from
-            seqs, scores = seqs.sequences, torch.stack(seqs.scores, dim=1).float()
-            sampled_logprobs = torch.log_softmax(scores, -1).gather(-1, seqs[:, width:, None]).squeeze(-1).tolist()
+            seqs, scores = seqs.sequences, seqs.scores
+            # one step's [batch, V] scores at a time: stacking every step first is a float32 copy of them all
+            sampled_logprobs = torch.stack(
+                [torch.log_softmax(step.float(), -1).gather(-1, seqs[:, width + i, None]).squeeze(-1)
+                 for i, step in enumerate(scores)], dim=1).tolist()
         for b, row in enumerate(seqs[:, width:].tolist()):
             tokens, truncated = [], True
             for t in row:
