@@ -597,7 +597,7 @@ def judge(result: dict[str, Any]) -> None:
 
 
 def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One result from the runs of several calls (e.g. ``--sections correctness,learning`` on one lease and
+    """One result from the runs of several calls (e.g. ``--sections correctness,learning`` on one GPU machine and
     ``--sections environment,throughput`` on the next): each section from the last run that has it."""
     merged: dict[str, Any] = {**results[0], "errors": {}, "commands": []}
     for result in results:
