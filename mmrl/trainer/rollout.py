@@ -176,7 +176,7 @@ def response_logprobs(model, batch: RolloutBatch, temperature: float, with_entro
     if sub.vision is not None:  # the tokens generation suppressed have probability 0 under the sampled policy
         logits = sub.vision.mask_blocked(logits)
     return token_logprobs(logits, sub.input_ids[:, -t:].to(device), sub.response_mask.to(device) > 0, temperature,
-                           with_entropy, entropy_grad)
+                          with_entropy, entropy_grad)
 
 
 def _response_logits(model, inputs: dict, t: int) -> torch.Tensor:
