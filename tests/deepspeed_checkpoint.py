@@ -44,11 +44,12 @@ def main(work: Path) -> None:
 
     from mmrl.openrlhf.checkpoint import deepspeed_types, weights_only_loading
     from mmrl.openrlhf.launch import resolve_launch
-    from mmrl.openrlhf.strategy import MmrlDeepspeedStrategy, host_rendezvous_store
+    from mmrl.openrlhf.strategy import MmrlDeepspeedStrategy, host_rendezvous_store, keep_collectives_on_gloo
     from mmrl.train import parse_config
 
     torch.set_num_threads(1)
     hosted = host_rendezvous_store()  # noqa: F841 -- on 127.0.0.1, alive while this process is
+    keep_collectives_on_gloo()  # as the strategy's setup_distributed does before it joins the group
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     cfg = parse_config(["--backend", "openrlhf", "--out", str(work / "run"), "--cluster.gpus_per_node", "1",
                         "--cluster.vllm_engines", "1"])

@@ -92,11 +92,6 @@ def install_worker_shims() -> None:
     import torch.distributed.device_mesh as device_mesh
 
     device_mesh.init_device_mesh = _cpu_device_mesh(device_mesh.init_device_mesh)
-    import deepspeed.ops
-
-    # DeepSpeed's CPU shared-memory all-reduce would be JIT-compiled (minutes) on first use; gloo carries every
-    # collective instead
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def devices(args) -> int:

@@ -22,8 +22,10 @@ import os
 from datetime import timedelta
 from typing import Any
 
+import deepspeed.ops
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 from openrlhf.models import Actor
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
@@ -66,11 +68,20 @@ def host_rendezvous_store() -> tuple[Any, Any] | None:
     return listener, store
 
 
+def keep_collectives_on_gloo() -> None:
+    """DeepSpeed's CPU accelerator (the rehearsal's) would JIT-compile its shared-memory all-reduce when a rank joins
+    its group (minutes); without it gloo carries every collective. Set by the ranks that join a group, not in every
+    Ray worker: a rollout actor would import DeepSpeed for nothing (seconds, in every rehearsal run)."""
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 class MmrlDeepspeedStrategy(DeepspeedStrategy):
     def setup_distributed(self, timeout: timedelta = timedelta(minutes=60)) -> None:
         hosted = host_rendezvous_store()
         if hosted is not None:
             HOSTED.append(hosted)
+        keep_collectives_on_gloo()
         super().setup_distributed(timeout)
 
     def _ds_init_train_model(self, model, cfg: dict):
