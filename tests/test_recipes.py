@@ -153,6 +153,9 @@ ONE_RANK = ["--steps", "1", "--cluster.gpus_per_node", "1", "--cluster.vllm_engi
 # its user-turn wrapping (GVPO's Open-Reasoner-Zero text before the problem) it writes no answer tag, every reward
 # is 0 and no group varies, so the rehearsal step would have no gradient to check.
 BARE_QUESTION = ["--task.system_prompt", "", "--task.template", "{problem}"]
+# Problems in each stand-in evaluation set of a math recipe: every set is sampled at step 0 and after the last step
+# with the recipe's own sampling (AIME's 32 samples per problem among them), so each problem costs the run seconds.
+EVAL_PROBLEMS = 2
 
 
 @pytest.mark.parametrize("recipe,stand_in", [("gvpo_math_qwen2.5-math-7b", recipe_data.math_lighteval_train),
@@ -270,11 +273,11 @@ def test_geoqa_recipe_rehearsal_step(recipe, ray_address, tmp_path):
 @pytest.mark.parametrize("recipe", ["gvpo_math_qwen2.5-math-7b", "grpo_math_qwen2.5-math-7b"])
 def test_math_recipe_rehearsal_step(recipe, ray_address, tmp_path):
     train = recipe_data.math_lighteval_train(tmp_path, 40)
-    sets = _shrunk_sets(recipe, recipe_data.math_eval_sets(tmp_path), 8)
+    sets = _shrunk_sets(recipe, recipe_data.math_eval_sets(tmp_path, EVAL_PROBLEMS), 8)
     out, cfg, recipe_cfg, stdout = _rehearse_recipe(
         recipe, ray_address, tmp_path, "--model", "embedded:tiny-qwen2", "--task.path", train, *BARE_QUESTION, *sets,
         "--rollout.prompts_per_step", "4", "--rollout.max_new_tokens", "8")
-    step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {s["name"]: 6 for s in cfg.evaluation.sets})
+    step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {s["name"]: EVAL_PROBLEMS for s in cfg.evaluation.sets})
     if cfg.algo.name == "gvpo":
         # group_sum: the official loss's scale, groups_per_micro_batch (4) x the mean over groups, not the mean
         import mmrl.algos as algos
@@ -289,11 +292,11 @@ def test_math_recipe_rehearsal_step(recipe, ray_address, tmp_path):
 @pytest.mark.parametrize("recipe", ["cw_grpo_openrs_r1-distill-qwen-1.5b", "grpo_openrs_r1-distill-qwen-1.5b"])
 def test_openrs_recipe_rehearsal_step(recipe, ray_address, tmp_path):
     train = recipe_data.open_rs_train(tmp_path, 30)
-    sets = _shrunk_sets(recipe, recipe_data.math_eval_sets(tmp_path), 8)
+    sets = _shrunk_sets(recipe, recipe_data.math_eval_sets(tmp_path, EVAL_PROBLEMS), 8)
     out, cfg, recipe_cfg, stdout = _rehearse_recipe(
         recipe, ray_address, tmp_path, "--model", "embedded:tiny-qwen2", "--task.path", train, *BARE_QUESTION, *sets,
         "--rollout.prompts_per_step", "2", "--rollout.max_new_tokens", "8")
-    step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {s["name"]: 6 for s in cfg.evaluation.sets})
+    step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {s["name"]: EVAL_PROBLEMS for s in cfg.evaluation.sets})
     assert step["rollout/num_samples"] == 2 * 12  # the recipe's 12 completions per prompt
     assert "mmrl/format" in step and cfg.task.options["format_reward"] == "think_close"
 
