@@ -1,12 +1,12 @@
 """The suite's own set-up: every module that starts a local Ray cluster is in conftest.RAY_MODULES, so that
-`make test`'s parallel workers never start two clusters at once."""
+`make test`'s parallel workers never start two clusters at once; the files conftest hands out first exist."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from conftest import RAY_MODULES
+from conftest import LONG_MODULES, RAY_MODULES
 
 TESTS = Path(__file__).resolve().parent
 # ray.init(...) in the module, or a test that takes conftest's `ray_address` fixture (which calls ray.init)
@@ -17,3 +17,9 @@ def test_every_module_that_starts_ray_is_scheduled_with_the_others():
     modules = [path for path in TESTS.glob("test_*.py") if path.name != Path(__file__).name]
     starting = {f"tests/{path.name}" for path in modules if STARTS_RAY.search(path.read_text())}
     assert starting == set(RAY_MODULES)
+
+
+def test_the_files_handed_out_first_exist():
+    root = TESTS.parent
+    assert all((root / module).is_file() for module in (*RAY_MODULES, *LONG_MODULES))
+    assert not set(LONG_MODULES) & set(RAY_MODULES)
