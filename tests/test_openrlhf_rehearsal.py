@@ -14,13 +14,14 @@ ZeRO-2 on gloo, checkpoints and ``--resume``; rollouts come from the HF rollout 
   equal what ``mmrl.algos`` -- the local trainer's code -- computes on the whole step that rank's share came from,
   and GVPO's groups arrive whole on one rank (its group moments are then the whole group's).
 
-Two tests of three runs, because each run costs a Ray job's start-up (every actor imports torch, DeepSpeed and
-OpenRLHF; ~20 s on 2 cores): Dr.GRPO on the embedded text model; GVPO on it with 2 policy ranks (placed one per
-declared GPU of the colocation group; its groups must arrive whole on one rank) and historical replay for 2 steps,
-resumed to step 3. GRPO with its reference model, GPG (with its resampling rule), the vision task (GeoQA, the
-embedded Qwen2.5-VL), ALFWorld in the turn layout on 2 policy ranks with the env pool (GiGPO for 2 steps), CW-GRPO
-and GMPO run in tests/test_recipes.py, as one step of each paper recipe and of each paper's GRPO baseline (the same
-checks, plus the recipe's own objective, schedule and evaluation sets).
+One test of two runs, because each run costs a Ray job's start-up (every actor imports torch, DeepSpeed and
+OpenRLHF; ~20 s on 2 cores): GVPO on the embedded text model with 2 policy ranks (placed one per declared GPU of the
+colocation group; its groups must arrive whole on one rank) and historical replay for 2 steps, resumed to step 3.
+GRPO with its reference model, GPG (with its resampling rule), the vision task (GeoQA, the embedded Qwen2.5-VL),
+ALFWorld in the turn layout on 2 policy ranks with the env pool (GiGPO for 2 steps), CW-GRPO and GMPO run in
+tests/test_recipes.py, as one step of each paper recipe and of each paper's GRPO baseline (the same checks, plus the
+recipe's own objective, schedule and evaluation sets). Dr.GRPO differs from GRPO only inside the loss, which
+tests/test_openrlhf_slow.py checks in OpenRLHF's actor under DeepSpeed.
 """
 
 from __future__ import annotations
@@ -37,14 +38,6 @@ from mmrl.openrlhf.checkpoint import read_replay_store
 pytestmark = pytest.mark.slow
 SMALL = ["--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "8", "--rollout.max_new_tokens", "8",
          "--run.eval_samples", "1", "--model.threads", "1"]
-
-
-def test_rehearsal_of_dr_grpo(ray_address, tmp_path):
-    out = tmp_path / "dr_grpo"
-    rehearse(ray_address, out, "--algo", "dr_grpo", "--task", "arithmetic", "--steps", "2", *SMALL)
-    check_run(out, 2)
-    check_statistics(out, "dr_grpo", 2, 8)
-    assert len(list((out / "rehearsal").glob("rank*_step1.pt"))) == 1
 
 
 def response_row(sequence, attention, action, reward) -> tuple[tuple, tuple, float]:

@@ -153,8 +153,8 @@ ONE_RANK = ["--steps", "1", "--cluster.gpus_per_node", "1", "--cluster.vllm_engi
 # its user-turn wrapping (GVPO's Open-Reasoner-Zero text before the problem) it writes no answer tag, every reward
 # is 0 and no group varies, so the rehearsal step would have no gradient to check.
 BARE_QUESTION = ["--task.system_prompt", "", "--task.template", "{problem}"]
-# Problems in each stand-in evaluation set of a math recipe: every set is sampled at step 0 and after the last step
-# with the recipe's own sampling (AIME's 32 samples per problem among them), so each problem costs the run seconds.
+# Problems in each stand-in evaluation set of a GeoQA or math recipe: every set is sampled at step 0 and after the last
+# step with the recipe's own sampling (AIME's 32 samples per problem among them), so each problem costs the run time.
 EVAL_PROBLEMS = 2
 
 
@@ -257,11 +257,11 @@ def _check_recipe_step(out: Path, cfg, recipe_cfg, stdout: str, rows_per_set: di
 @pytest.mark.parametrize("recipe", ["gpg_geoqa_qwen2.5-vl-3b", "grpo_geoqa_qwen2.5-vl-3b"])
 def test_geoqa_recipe_rehearsal_step(recipe, ray_address, tmp_path):
     train = recipe_data.geoqa_r1v_train(tmp_path, 20)
-    sets = _shrunk_sets(recipe, {"geoqa_test": recipe_data.geoqa_r1v_test(tmp_path, 5)}, 16)
+    sets = _shrunk_sets(recipe, {"geoqa_test": recipe_data.geoqa_r1v_test(tmp_path, EVAL_PROBLEMS)}, 16)
     out, cfg, recipe_cfg, stdout = _rehearse_recipe(
         recipe, ray_address, tmp_path, "--model", "embedded:tiny-qwen2.5-vl", "--task.path", train, *sets,
         "--rollout.prompts_per_step", "2", "--rollout.max_new_tokens", "16")
-    step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {"geoqa_test": 5})
+    step = _check_recipe_step(out, cfg, recipe_cfg, stdout, {"geoqa_test": EVAL_PROBLEMS})
     assert "vision_config" in json.loads((out / "model" / "config.json").read_text())  # a VL model was trained
     # the format term (weight 1.0) scores the response itself: it was 0 on every response while the reward read the
     # image pads' tail and the question as part of the completion (mmrl.openrlhf.reward.completion_text)
