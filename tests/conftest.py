@@ -64,11 +64,9 @@ def pytest_xdist_make_scheduler(config, log):
     return RayModulesTogether(config, log)
 
 
-# The nice value of every other test under `make test`. The Ray unit is the suite's critical path (its processes want
-# more than one core) and the rest of the suite is more than enough to fill the other core: when both wait for the
-# CPU, the Ray unit should not wait behind them, and once it has ended its worker takes its share of the remaining
-# files. Ray runs its worker processes (every actor) at nice 15: at 0 the other tests got ~28 times an actor's share;
-# at 15 they get an equal one (lower, and their own "fails within seconds" checks would starve).
+# Under `make test` the other tests run at the nice value Ray gives its workers (15): at 0 they got ~28 times the CPU
+# share of each Ray actor, and the Ray unit, the suite's critical path, waited behind them. Lower still, their own
+# "fails within seconds" checks would starve beside a rehearsal.
 YIELDING_NICE = 15
 
 
