@@ -7,8 +7,8 @@ VENV ?= .venv
 ARCH := $(shell uname -m)
 TORCH ?= $(if $(filter aarch64 arm64,$(ARCH)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
 BIN := $(VENV)/bin
-# pip compiles every installed module to bytecode one file at a time (a third of torch's install time on 2 cores):
-# the installs skip it and `$(COMPILE)` then compiles the venv on every core. A file that does not compile (pip's own
+# pip compiles every installed module to bytecode one file at a time, a large part of torch's install time: the
+# installs skip it and `$(COMPILE)` then compiles the venv on every core. A file that does not compile (pip's own
 # pass skips those too) compiles, or fails, when it is imported.
 PIP := $(BIN)/pip install --quiet --no-compile
 COMPILE := $(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
