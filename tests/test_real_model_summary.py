@@ -11,7 +11,7 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def test_runs_are_summarised_per_objective_and_mode(tmp_path):
+def test_runs_are_summarised_per_objective_and_mode(tmp_path, monkeypatch):
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import real_model
@@ -22,6 +22,8 @@ def test_runs_are_summarised_per_objective_and_mode(tmp_path):
     rows = [{"algorithm": algo, "mode": mode, "seed": seed, "pass@1_start": 0.4, "pass@1_end": 0.5 + seed / 100,
              "lift": [0.1, 0.11, 0.12][seed], "wall_s": 600.0 + seed, "peak_rss_mb": 3000.0}
             for algo in ("grpo", "gpg") for mode in ("lora", "full") for seed in (0, 1, 2)]
+    # tabulated from finished runs: the command recorded is the one that makes them
+    monkeypatch.setattr(sys, "argv", ["benchmarks/real_model.py", "train", "--seeds", "0,1,2", "--finished-only"])
     real_model.write_train_summary(args, rows, tmp_path / "real_model")
     summary = report.load(tmp_path / "real_model.json")
     by = {(r["label"], r["metric"]): r for r in summary["rows"]}
@@ -29,4 +31,5 @@ def test_runs_are_summarised_per_objective_and_mode(tmp_path):
     assert rise["values"] == {"0": 0.1, "1": 0.11, "2": 0.12} and rise["n"] == 3
     assert ("grpo, LoRA, 10 steps", "wall time of the run") in by and summary["seeds"] == [0, 1, 2]
     assert "real_model" in report.section("real_model", summary)
+    assert summary["command"] == "python benchmarks/real_model.py train --seeds 0,1,2"
     assert json.loads((tmp_path / "real_model.json").read_text())["figure"] is None  # not the repository's own
