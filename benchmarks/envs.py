@@ -23,7 +23,8 @@ machine, and the one that stays meaningful when other jobs share the cores. Rati
     python benchmarks/envs.py [--envs 32] [--steps 20] [--skip-uncached]
 
 Goals: pool ≥ 3× the process-per-env layout, pool per-core within 1.3× of the in-process engine.
-Prints a table and writes ``benchmarks/results/envs.json``.
+Prints a table and writes the results-page summary ``benchmarks/results/envs.json`` (rows and ratios in
+``benchmarks/results/envs/raw.json``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import random
@@ -173,7 +175,8 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20, help="steps per env (after one untimed reset)")
     parser.add_argument("--skip-uncached", action="store_true", help="skip the two slow uncached layouts")
-    parser.add_argument("--out", default="benchmarks/results/envs.json")
+    parser.add_argument("--out", default="benchmarks/results/envs",
+                        help="folder of the raw rows; the summary is written beside it as <out>.json")
     args = parser.parse_args()
 
     cores = usable_cores()
@@ -217,12 +220,22 @@ def main() -> None:
     print()
     for key, value in ratios.items():
         print(f"{key}: {value:.2f}")
+    sys.path.insert(0, str(HERE))  # the pools are closed: nothing spawned from here any more
+    from summary import result_row, write_summary
+
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"envs": args.envs, "steps": args.steps, "cores": cores,
-                               "load_average_1min": os.getloadavg()[0], "machine": platform.platform(),
-                               "rows": rows, "ratios": ratios}, indent=1))
-    print(f"\nwrote {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]
+    (out / "raw.json").write_text(json.dumps({"envs": args.envs, "steps": args.steps, "cores": cores,
+                                              "load_average_1min": load, "machine": platform.platform(),
+                                              "rows": rows, "ratios": ratios}, indent=1))
+    summary_rows = [result_row(r["layout"], "steps per CPU-second", {0: r["steps_per_cpu_s"]}) for r in rows]
+    summary_rows += [result_row(r["layout"], "steps/s per core (wall)", {0: r["steps_per_s_per_core"]}) for r in rows]
+    summary_rows += [result_row("ratio", key, {0: value}, unit="×") for key, value in ratios.items()
+                     if math.isfinite(value)]
+    write_summary(out, "ALFWorld env throughput: EnvPool, one process per env, the engine in-process", summary_rows,
+                  seeds=[0], notes=f"{args.envs} envs x {args.steps} steps on {cores} usable cores, load average "
+                                   f"{load:.1f}; ratios are of steps per CPU-second, one run.")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ worker deaths during an ALFWorld run. Each trial is a fresh run of the embedded 
 
     python benchmarks/faults.py [--trials 3] [--only sigterm,disk_full,...]
 
-Prints a table and writes ``benchmarks/results/faults.json``.
+Prints a table and writes the results-page summary ``benchmarks/results/faults.json``: per category, how many runs
+ended each way.
 """
 
 from __future__ import annotations
@@ -213,7 +214,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--kill-trials", type=int, default=10, help="SIGKILLs during checkpoint writes")
     parser.add_argument("--only", default="", help="comma-separated categories")
-    parser.add_argument("--out", default="benchmarks/results/faults.json")
+    parser.add_argument("--out", default="benchmarks/results/faults",
+                        help="the summary is written as <out>.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mmrl-faults-"))
     categories = {
@@ -237,10 +239,15 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0]
     print(f"\nload average {load:.1f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"load_average_1min": load, "trials": args.trials, "results": results}, indent=1))
-    print(f"wrote {out}")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from summary import result_row, write_summary
+
+    # an outcome is free text (an exit code, an error's last line): no "|" in a table cell
+    rows = [result_row(name, f"outcome: {what.replace('|', '/')}", {"count": count}, unit="runs")
+            for name, result in results.items() for what, count in result["outcomes"].items()]
+    write_summary(Path(args.out), "Faults injected into real runs, and how each run ended", rows, seeds=[],
+                  notes=f"{args.trials} trials per category ({args.kill_trials} SIGKILLs during checkpoint writes); "
+                        f"load average {load:.1f} at the end.")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Cost of the vision rewards per completion: box parsing, and the batched IoU/GIoU against a per-pair Python loop.
 
 A rollout batch's rewards are computed once per step, so what matters is the cost per completion compared with
-generation (tens of milliseconds per token on a CPU). This prints a table and writes JSON:
+generation (tens of milliseconds per token on a CPU). This prints a table and writes the results-page summary
+``<out>.json``:
 
     python benchmarks/vision_rewards.py [--n 4096] [--repeats 5] [--threads 1]
 
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="benchmarks/results/vision_rewards.json")
+    parser.add_argument("--out", default="benchmarks/results/vision_rewards",
+                        help="the summary is written as <out>.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     texts, samples, det_texts, det_samples = completions(args.n, random.Random(0))
@@ -91,11 +93,14 @@ def main() -> None:
     print(f"{'step':<24} {'total ms':>10} {'us / completion':>16}   (n = {args.n}, {args.threads} thread(s))")
     for name, seconds in rows.items():
         print(f"{name:<24} {seconds * 1e3:>10.1f} {seconds / args.n * 1e6:>16.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"n": args.n, "threads": args.threads, "machine": platform.platform(),
-                               "seconds": rows}, indent=2))
-    print(f"wrote {out}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from summary import result_row, write_summary
+
+    summary_rows = [result_row(name, "time per completion, median of repeats", {0: seconds / args.n * 1e6},
+                               unit="µs") for name, seconds in rows.items()]
+    write_summary(Path(args.out), "Cost of the vision rewards per completion", summary_rows, seeds=[0],
+                  notes=f"n = {args.n} completions (pairs for the paired-IoU rows), median of {args.repeats} "
+                        f"repeats, {args.threads} thread(s), one run.")
 
 
 if __name__ == "__main__":

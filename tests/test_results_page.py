@@ -37,6 +37,16 @@ def test_every_committed_summary_is_small_and_complete():
             assert row["n"] == len(row["values"]), (path, row["label"])
 
 
+def test_no_benchmark_writes_anything_but_a_summary_into_the_results_folder_by_default():
+    """benchmarks/results/*.json is what the results page renders: a benchmark whose default ``--out`` were a JSON
+    file there would leave a file that is not a summary, and the page could no longer be built."""
+    import re
+
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        for default in re.findall(r'"--out",\s*default="([^"]+)"', script.read_text()):
+            assert not default.endswith(".json"), f"{script.name}: --out {default}, not a folder for <out>.json"
+
+
 def test_a_written_summary_renders_with_its_command_mean_and_standard_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rows = [summary.result_row("gpg", "held-out pass@1 lift", {0: 0.1, 1: 0.2, 2: 0.3})]
