@@ -231,7 +231,8 @@ def write_train_summary(args: argparse.Namespace, rows: list[dict[str, Any]], ou
                   command=command_line([a for a in sys.argv if a != "--finished-only"]),
                   notes=f"{args.prompts} prompts x {args.group} samples per step, {args.max_new_tokens} new tokens, "
                         f"{args.threads} thread(s) per run; held-out pass@1 sampled at temperature 1, k = "
-                        f"{args.eval_k} per problem, the untrained model's from the same evaluation and seed.")
+                        f"{args.eval_k} per problem, the untrained model's from the same evaluation and seed."
+                        + (f" {args.note}" if args.note else ""))
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -270,6 +271,7 @@ def main() -> None:
     t.add_argument("--max-new-tokens", type=int, default=24)
     t.add_argument("--eval-every", type=int, default=0, help="0: held-out pass@1 only after the last step")
     t.add_argument("--eval-k", type=int, default=8)
+    t.add_argument("--note", default="", help="a sentence for the results page on how the runs were made")
     t.add_argument("--finished-only", action="store_true",
                    help="tabulate and plot the runs that already have a result; run nothing")
     t.add_argument("--lr", type=float, default=0.0, help=f"0: per mode, {LR}")

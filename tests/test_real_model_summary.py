@@ -18,7 +18,8 @@ def test_runs_are_summarised_per_objective_and_mode(tmp_path, monkeypatch):
         import report
     finally:
         sys.path.remove(str(BENCHMARKS))
-    args = argparse.Namespace(algos="grpo,gpg", steps=10, eval_k=8, prompts=4, group=4, max_new_tokens=24, threads=1)
+    args = argparse.Namespace(algos="grpo,gpg", steps=10, eval_k=8, prompts=4, group=4, max_new_tokens=24, threads=1,
+                              note="Two runs at a time.")
     rows = [{"algorithm": algo, "mode": mode, "seed": seed, "pass@1_start": 0.4, "pass@1_end": 0.5 + seed / 100,
              "lift": [0.1, 0.11, 0.12][seed], "wall_s": 600.0 + seed, "peak_rss_mb": 3000.0}
             for algo in ("grpo", "gpg") for mode in ("lora", "full") for seed in (0, 1, 2)]
@@ -32,4 +33,5 @@ def test_runs_are_summarised_per_objective_and_mode(tmp_path, monkeypatch):
     assert ("grpo, LoRA, 10 steps", "wall time of the run") in by and summary["seeds"] == [0, 1, 2]
     assert "real_model" in report.section("real_model", summary)
     assert summary["command"] == "python benchmarks/real_model.py train --seeds 0,1,2"
+    assert summary["notes"].endswith(" Two runs at a time.")
     assert json.loads((tmp_path / "real_model.json").read_text())["figure"] is None  # not the repository's own
