@@ -179,6 +179,8 @@ def main() -> None:
                         help="folder of the raw rows; the summary is written beside it as <out>.json")
     args = parser.parse_args()
 
+    # before the runs: the process-per-env layouts' own 32 workers would count in it afterwards
+    load = os.getloadavg()[0]
     cores = usable_cores()
     catalogue = [str(g.path) for g in list_games(ensure_games(), "train")]
     games = [catalogue[i % len(catalogue)] for i in range(args.envs)]
@@ -211,7 +213,7 @@ def main() -> None:
         "template_cache_speedup": by["in-process engine"] / by.get("in-process engine, uncached", float("nan")),
         "pool_vs_process_per_env_uncached": by["pool"] / by.get("process per env, uncached", float("nan")),
     }
-    print(f"\n{args.envs} envs x {args.steps} steps, {cores} usable cores, load average {os.getloadavg()[0]:.1f}\n")
+    print(f"\n{args.envs} envs x {args.steps} steps, {cores} usable cores, load average {load:.1f} before the runs\n")
     print("| layout | processes | steps/s (wall) | steps/s per core (wall) | steps per CPU-second | CPU ms per step |")
     print("|---|---|---|---|---|---|")
     for r in rows:
@@ -225,9 +227,8 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    load = os.getloadavg()[0]
     (out / "raw.json").write_text(json.dumps({"envs": args.envs, "steps": args.steps, "cores": cores,
-                                              "load_average_1min": load, "machine": platform.platform(),
+                                              "load_average_1min_before": load, "machine": platform.platform(),
                                               "rows": rows, "ratios": ratios}, indent=1))
     summary_rows = [result_row(r["layout"], "steps per CPU-second", {0: r["steps_per_cpu_s"]}) for r in rows]
     summary_rows += [result_row(r["layout"], "steps/s per core (wall)", {0: r["steps_per_s_per_core"]}) for r in rows]
@@ -235,7 +236,7 @@ def main() -> None:
                      if math.isfinite(value)]
     write_summary(out, "ALFWorld env throughput: EnvPool, one process per env, the engine in-process", summary_rows,
                   seeds=[0], notes=f"{args.envs} envs x {args.steps} steps on {cores} usable cores, load average "
-                                   f"{load:.1f}; ratios are of steps per CPU-second, one run.")
+                                   f"{load:.1f} before the runs; ratios are of steps per CPU-second, one run.")
 
 
 if __name__ == "__main__":
