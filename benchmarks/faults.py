@@ -130,7 +130,7 @@ def disk_full(work: Path) -> Counter:
         code, err = finish(train("--out", str(mount / "run"), "--steps", "2", "--run.checkpoint_every", "1"))
         seen[f"exit {code}"] += 1
         seen["traceback" if "Traceback" in err else "no traceback"] += 1
-        seen[last_error(err)[:160]] += 1
+        seen[last_error(err).replace(str(mount), "<tmpfs>")[:160]] += 1
         left = list((mount / "run" / "checkpoints").glob(".tmp-*"))
         seen["partial folder removed" if not left else "partial folder left"] += 1
         seen[f"{shutil.disk_usage(mount).free / 2**20:.1f} MiB free after the failure"] += 1
@@ -240,12 +240,12 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"\nload average {load:.1f}")
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from summary import result_row, write_summary
+    from summary import write_summary
 
-    # an outcome is free text (an exit code, an error's last line): no "|" in a table cell
-    rows = [result_row(name, f"outcome: {what.replace('|', '/')}", {"count": count}, unit="runs")
-            for name, result in results.items() for what, count in result["outcomes"].items()]
-    write_summary(Path(args.out), "Faults injected into real runs, and how each run ended", rows, seeds=[],
+    # outcomes are counted, not measured: a table of them, as the trial's cases
+    cases = [{"case": name, "what": what, "outcome": f"{count} ×"}
+             for name, result in results.items() for what, count in result["outcomes"].items()]
+    write_summary(Path(args.out), "Faults injected into real runs, and how each run ended", [], seeds=[], cases=cases,
                   notes=f"{args.trials} trials per category ({args.kill_trials} SIGKILLs during checkpoint writes); "
                         f"load average {load:.1f} at the end.")
 

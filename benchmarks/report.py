@@ -82,9 +82,10 @@ def section(name: str, summary: dict[str, Any]) -> str:
         lines.append(f"| {cell(row['label'])} | {cell(row['metric'])} | {number(row['mean'], unit)} | "
                      f"{number(row['se'])} | {number(row['min'])} … {number(row['max'])} | {row['n']} | {per_seed} |")
     if summary.get("cases"):
-        lines += ["", "| case | what | outcome |", "|---|---|---|"]
-        lines += [f"| {cell(c['case'])} | {cell(c['what'])} | {cell(c['outcome'] + ': ' + c.get('detail', ''))} |"
-                  for c in summary["cases"]]
+        lines += ([""] if lines[-1] else []) + ["| case | what | outcome |", "|---|---|---|"]
+        for c in summary["cases"]:
+            outcome = c["outcome"] + (": " + c["detail"] if c.get("detail") else "")
+            lines.append(f"| {cell(c['case'])} | {cell(c['what'])} | {cell(outcome)} |")
     if summary.get("figure"):
         lines += ["", f"![{summary['title']}]({Path(summary['figure']).relative_to('docs').as_posix()})"
                   if summary["figure"].startswith("docs/") else f"Figure: `{summary['figure']}`"]
