@@ -16,6 +16,7 @@ import sys
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
 from mmrl.errors import UserError
 from mmrl.trainer.config import OPEN_SECTIONS, SECTIONS, TrainConfig, load_yaml, resolve_config
+from mmrl.trainer.masking import masked_config
 from mmrl.trainer.metrics import read_metrics
 from mmrl.trainer.run_dir import saved_layer
 
@@ -61,7 +62,7 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, bool]:
     layers.append((flags, "command line"))
     cfg = resolve_config(layers)
     if args.print_config:
-        print(json.dumps(cfg.to_dict(), indent=2, default=str))
+        print(json.dumps(masked_config(cfg.to_dict()), indent=2, default=str))
         sys.exit(0)
     if args.dry_run and cfg.run.backend != "openrlhf":
         raise UserError("--dry-run prints an OpenRLHF launch; it needs --backend openrlhf")

@@ -59,7 +59,8 @@ def test_wandb_logs_offline_with_the_run_config(tmp_path, embedded_model_dir, sm
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")  # never online from a test, logged in or not
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = small_config(tmp_path, **{"run.wandb": "mmrl-test", "run.steps": 1, "run.eval_every": 0})
+    cfg = small_config(tmp_path, **{"run.wandb": "mmrl-test", "run.steps": 1, "run.eval_every": 0,
+                                    "cluster.extra": {"logger.wandb.key": "SEKRET-123"}})
     trainer = build_trainer(cfg)
     trainer.run()
     import wandb
@@ -72,8 +73,10 @@ def test_wandb_logs_offline_with_the_run_config(tmp_path, embedded_model_dir, sm
     # history keys are stored as plain strings in it.
     data = runs[0].read_bytes()
     assert b"mmrl-test" in data
-    for item in (b'"prompts_per_step":4', b'"name":"grpo"', b'"wandb":"mmrl-test"', b'"name":"arithmetic"'):
-        assert item in data, item  # the run's config sections are the W&B config
+    for item in (b'"prompts_per_step":4', b'"name":"grpo"', b'"wandb":"mmrl-test"', b'"name":"arithmetic"',
+                 b'"logger.wandb.key":"***"'):
+        assert item in data, item  # the run's config sections are the W&B config, credentials masked
+    assert b"SEKRET-123" not in data
     for key in scalars(read_metrics(trainer.run_dir / "metrics.jsonl")[0]):
         assert key.encode() in data, key
 

@@ -414,8 +414,8 @@ def test_dry_run_of_an_image_task_checks_the_model_family(tmp_path, capsys, embe
 
 def test_secret_flags_of_cluster_extra_are_masked_in_the_launch_and_config_json(tmp_path, capsys,
                                                                                 embedded_model_dir):
-    from mmrl.openrlhf.args import is_secret
     from mmrl.openrlhf.launch import describe
+    from mmrl.trainer.masking import is_secret
 
     extra = '{"--logger.wandb.key": "wk-123456", "actor.entropy_coef": 0.0}'
     cfg = parse_config(["--backend", "openrlhf", "--out", str(tmp_path), *SMALL_CLUSTER, "--cluster.extra", extra])

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from mmrl.errors import UserError
 from mmrl.models.lora import parse_targets
 from mmrl.trainer.config import TrainConfig
 from mmrl.trainer.loggers import openrlhf_flags
+from mmrl.trainer.masking import MASK, SECRET_ENV, is_secret
 from mmrl.trainer.schedule import transformers_name
 
 # mmrl options the openrlhf backend cannot honour yet: refused at start rather than silently ignored.
@@ -226,28 +226,6 @@ def merge_extra(flags: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
         merged[str(key).lstrip("-")] = value
     return merged
-
-
-# Flags whose value is a credential: the last word of the flag's name (``logger.wandb.key``, ``hub_token``,
-# ``api_secret``). The data section's ``*_key`` flags and ``ckpt.best_metric_key`` name dataset columns and metrics.
-SECRET_WORDS = ("key", "token", "secret", "password")
-NOT_SECRET_SECTIONS = ("data.",)
-NOT_SECRET = {"ckpt.best_metric_key"}
-MASK = "***"
-# where the tools behind OpenRLHF read their credentials when no flag gives them
-SECRET_ENV = {"logger.wandb.key": "WANDB_API_KEY"}
-
-
-def is_secret(flag: str) -> bool:
-    name = str(flag).lstrip("-").lower()
-    if name in NOT_SECRET or name.startswith(NOT_SECRET_SECTIONS):
-        return False
-    return re.split(r"[_\-]", name.rsplit(".", 1)[-1])[-1] in SECRET_WORDS
-
-
-def masked_extra(extra: dict[str, Any]) -> dict[str, Any]:
-    """``cluster.extra`` as it may be shown or saved: the value of each secret flag replaced by ``***``."""
-    return {key: MASK if is_secret(key) else value for key, value in extra.items()}
 
 
 def unmasked_extra(extra: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -29,7 +29,6 @@ from mmrl.openrlhf.args import (
     check_layout,
     command_line,
     mask_argv,
-    masked_extra,
     merge_extra,
     optimizer_steps,
     secret_warnings,
@@ -299,9 +298,7 @@ def prepare(cfg: TrainConfig, dry_run: bool = False) -> tuple[Launch, RunDir | N
             owner.clear_previous()
         owner.record(*run_files(cfg))
         resolved.write_files()
-        saved = cfg.to_dict()
-        saved["cluster"]["extra"] = masked_extra(cfg.cluster.extra)  # no credential in a file others may read
-        owner.record_config(cfg, owner.step, saved)  # written once, atomically; a resume appends its changes instead
+        owner.record_config(cfg, owner.step)  # written once, atomically; a resume appends its changes instead
     except BaseException:
         owner.abandon()
         raise

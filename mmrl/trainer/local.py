@@ -65,6 +65,7 @@ from mmrl.trainer.episodes import Episode, TurnRenderer, episode_metrics, model_
 from mmrl.trainer.eval_sets import EvalSet, build_eval_sets
 from mmrl.trainer.evaluate import evaluate_episode_groups, evaluate_groups
 from mmrl.trainer.loggers import RunLoggers
+from mmrl.trainer.masking import masked_config
 from mmrl.trainer.metrics import MetricsLog, plot_curves, read_metrics
 from mmrl.trainer.rollout import (
     ROW_BY_ROW_MIN_WIDTH,
@@ -586,7 +587,8 @@ class Trainer:
             self.owner.record("metrics.jsonl", SAMPLES_FILE, *RunLoggers.names(cfg.run.wandb))
         metrics = MetricsLog(self.run_dir / "metrics.jsonl", resume_step=resume_step)
         samples = RunSamples(self.run_dir, resume_step=resume_step)
-        loggers = RunLoggers(self.run_dir, cfg.run.tensorboard, cfg.run.wandb, cfg.to_dict(), resume_step)
+        loggers = RunLoggers(self.run_dir, cfg.run.tensorboard, cfg.run.wandb, masked_config(cfg.to_dict()),
+                             resume_step)
         if self.owner is not None and loggers.event_files:  # TensorBoard names its files as it creates them
             self.owner.record(*loggers.event_files)
         previous = {sig: signal.signal(sig, self._request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}

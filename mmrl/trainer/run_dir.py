@@ -39,6 +39,7 @@ from mmrl.errors import UserError
 from mmrl.files import atomic_write_text, is_temporary_of
 from mmrl.trainer.checkpoint import latest_checkpoint, remove_partial_writes
 from mmrl.trainer.config import TrainConfig, saved_overrides
+from mmrl.trainer.masking import masked_config
 
 log = logging.getLogger("mmrl")
 
@@ -180,7 +181,7 @@ def saved_layer(run_dir: str | Path) -> tuple[dict[str, Any], str] | None:
 def resume_changes(run_dir: Path, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
     """``{field: (saved, now)}`` of the safe fields a resume changes; ValueError naming the first unsafe one."""
     before = {f"{s}.{k}": v for s, fields in saved_config(run_dir).items() for k, v in fields.items()}
-    now = flat_config(cfg.to_dict())
+    now = flat_config(masked_config(cfg.to_dict()))  # the saved side holds no credential: compare what it could
     changed = {}
     for key in sorted(set(before) | set(now)):
         old, new = before.get(key), now.get(key)
@@ -379,13 +380,12 @@ class RunDir:
             log.warning("run.out_dir %s: left %s (not written by an mmrl run)", self.path, _shown(self.left, 6))
         return removed
 
-    def record_config(self, cfg: TrainConfig, step: int, saved: dict[str, Any] | None = None) -> None:
-        """A fresh run writes ``config.json`` (atomically; ``saved`` when given, e.g. with credentials masked, else
-        the whole config); a resume appends its safe changes to ``resumes.jsonl``."""
+    def record_config(self, cfg: TrainConfig, step: int) -> None:
+        """A fresh run writes ``config.json`` (atomically, credentials masked); a resume appends its safe changes to
+        ``resumes.jsonl`` (:func:`resume_changes` compares masked values, so none holds a credential)."""
         if not cfg.run.resume:
             self.record(CONFIG_NAME)
-            text = json.dumps(cfg.to_dict() if saved is None else saved, indent=2, default=str)
-            atomic_write_text(self.path / CONFIG_NAME, text)
+            atomic_write_text(self.path / CONFIG_NAME, json.dumps(masked_config(cfg.to_dict()), indent=2, default=str))
             return
         self.record(CONFIG_NAME, *([RESUMES_NAME] if self.changes else []))  # a resumed run's config is its own
         if self.changes:
