@@ -84,7 +84,9 @@ def _main(argv: list[str] | None) -> int:
     evals = [r for r in read_metrics(cfg.out_dir / "metrics.jsonl") if "eval/pass@1" in r]
     if len(evals) > 1:  # the held-out curve in one line: what the run learned
         print("held-out pass@1 by step: " + ", ".join(f"{r['step']}: {r['eval/pass@1']:.3f}" for r in evals))
-    print(f"run directory: {cfg.out_dir} (metrics.jsonl, curves.png, checkpoints/)")
+    written = [name for name in ("metrics.jsonl", "samples.jsonl", "curves.png", "checkpoints/")
+               if (cfg.out_dir / name).exists()]
+    print(f"run directory: {cfg.out_dir} ({', '.join(written)})")
     return 128 + trainer.stop_signal if trainer.stop_signal is not None else 0  # the shell's convention
 
 

@@ -94,3 +94,15 @@ def test_openrlhf_gets_the_same_logger_choices():
     assert args.logger.tensorboard_dir == "/runs/x/tensorboard"
     assert (args.logger.wandb.project, args.logger.wandb.run_name) == ("proj", "x")
     assert args.logger.wandb.key == OPENRLHF_WANDB_KEY  # a marker, never a real key (see openrlhf_flags)
+
+
+def test_a_one_step_run_still_gets_its_curves(tmp_path):
+    """A one-step run (here a grounding one, whose step-0 evaluation has no pass@1) has one point per metric: it is
+    plotted, not skipped while the run says it wrote curves.png. A metric constant over several points is left out."""
+    from mmrl.trainer.metrics import plot_curves
+
+    records = [{"step": 0, "eval/miou": 0.3}, {"step": 1, "reward": 0.5, "accuracy": 0.25, "kl_old": 0.0}]
+    assert plot_curves(records, tmp_path / "one.png") == tmp_path / "one.png"
+    assert (tmp_path / "one.png").stat().st_size > 1000
+    constant = [{"step": s, "kl_old": 0.0} for s in (1, 2, 3)]
+    assert plot_curves(constant, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()

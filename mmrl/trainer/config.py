@@ -245,8 +245,10 @@ class EvaluationConfig:
     """Named evaluation sets, each with its own sampling (docs/cluster.md, section 8). Empty: the task's held-out split
     with ``run.eval_samples`` / ``run.eval_temperature``. When: ``run.eval_every`` and the end of the run."""
 
-    sets: list[dict[str, Any]] = setting(help="named evaluation sets, each a mapping of the fields of "
-                                         "evaluation.sets entries (below)", factory=list)
+    sets: list[dict[str, Any]] = setting(
+        help=f"named evaluation sets, each a mapping of {', '.join(f.name for f in dataclasses.fields(EvalSetConfig))} "
+             "(docs/config.md: evaluation.sets entries)",
+        factory=list)
 
 
 @dataclasses.dataclass

@@ -59,9 +59,10 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # A panel whose metric never changes (e.g. KL to π_old with one update per rollout) says nothing: leave it out.
-    distinct = {k: len({r[k] for r in records if r.get(k) is not None}) for k, _ in PANELS}
-    panels = [(k, label) for k, label in PANELS if distinct[k] > 1 or (len(records) < 2 and distinct[k])]
+    # A panel whose metric never changes over several points (e.g. KL to π_old with one update per rollout) says
+    # nothing: leave it out. A metric with a single point (a one-step run) is shown as that point.
+    values = {k: [r[k] for r in records if r.get(k) is not None] for k, _ in PANELS}
+    panels = [(k, label) for k, label in PANELS if len(set(values[k])) > 1 or len(values[k]) == 1]
     if not panels:
         return None
     cols = 3
