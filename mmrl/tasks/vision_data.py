@@ -10,6 +10,7 @@ before training with one line naming the row and column, never mid-run.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
 import os
 import re
@@ -123,6 +124,17 @@ def load_table(source: str, split: str, max_samples: int = 0, allow_outside_imag
     if not rows:
         raise UserError(f"{field}: {source!r} has no rows")
     return rows, ImageRoot(folder, allow_outside_images)
+
+
+def refuse_file_options(task: Callable[..., Any], given: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Refuse the options of ``names`` that ``given`` sets away from ``task``'s defaults when there is no
+    ``task.path``: the bundled set has its own columns, boxes, size and split, so such an option would be ignored,
+    and a run on other data than the user asked for must not pass for the one they meant."""
+    defaults = inspect.signature(task).parameters
+    for name in names:
+        if given[name] != defaults[name].default:
+            raise UserError(f"task.{name} applies to task.path data; without task.path the bundled synthetic set is "
+                             f"used, which has its own columns and split (set task.path, or drop task.{name})")
 
 
 def to_plain(value: Any) -> Any:
