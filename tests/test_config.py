@@ -45,6 +45,17 @@ def test_bad_fields_name_themselves(overrides, message):
     assert message in str(err.value)
 
 
+def test_a_bad_value_names_the_yaml_file_or_command_line_that_set_it(tmp_path):
+    """As an unknown field already does: with a --config file and flags, the value to fix is in one of them."""
+    config = tmp_path / "typo.yaml"
+    config.write_text("rollout: {prompts_per_step: two}\n")
+    with pytest.raises(ValueError, match=rf"^config \({re.escape(str(config))}\): rollout.prompts_per_step must be an "
+                                         r"integer, got 'two'$"):
+        parse_config(["--config", str(config)])
+    with pytest.raises(ValueError, match=r"^config \(command line\): run.steps must be an integer, got 'x'$"):
+        parse_config(["--steps", "x"])
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("rollout.top_p", 0.0, "rollout.top_p must be in (0, 1]"),
     ("optim.minibatches", 99, "optim.minibatches must be between 1"),
