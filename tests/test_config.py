@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -250,3 +251,26 @@ def test_the_range_check_reads_the_fields_metadata():
                     checked += 1
                     break
     assert checked >= 30, checked
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--algo", "gpgg"], "unknown algorithm 'gpgg'"),
+    (["--rollout.samples_per_prompt", "1"], "rollout.samples_per_prompt must be >= 2"),
+    (["--steps", "0"], "run.steps must be >= 1"),
+    (["--task", "arithmatic"], "unknown task 'arithmatic'"),
+    (["--algo.f_nrom", "std"], "algorithm 'grpo' has no hyper-parameter 'f_nrom'"),
+    (["--task.max_operand", "many"], "task.max_operand must be an integer"),
+])
+def test_print_config_refuses_what_a_run_refuses(flags, message, capsys, tmp_path):
+    """A printed config passed for a valid one (exit 0) although a run would refuse it; now the same one line and
+    exit code 2, and nothing printed or written."""
+    from mmrl.train import main
+
+    out = tmp_path / "run"
+    assert main(["--print-config", "--out", str(out), *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert not out.exists()
+    with pytest.raises(SystemExit) as done:
+        main(["--print-config", "--out", str(out)])
+    assert done.value.code == 0 and json.loads(capsys.readouterr().out)["algo"]["name"] == "grpo"
