@@ -43,7 +43,8 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, bool]:
                         help="continue the run in --out from its last checkpoint")
     parser.add_argument("--backend", dest="run.backend", default=argparse.SUPPRESS,
                         help="shortcut for --run.backend: local (default) | openrlhf")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config, checked as a run "
+                        "checks it before reading data, and exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="openrlhf backend: print the resolved OpenRLHF launch and exit without starting Ray")
     own_flags = {"model": {"name"}, "task": {"name", "options"}, "algo": {"name", "params"}}  # --model, --task.X, ...
@@ -62,11 +63,25 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, bool]:
     layers.append((flags, "command line"))
     cfg = resolve_config(layers)
     if args.print_config:
+        check_printed(cfg)
         print(json.dumps(masked_config(cfg.to_dict()), indent=2, default=str))
         sys.exit(0)
     if args.dry_run and cfg.run.backend != "openrlhf":
         raise UserError("--dry-run prints an OpenRLHF launch; it needs --backend openrlhf")
     return cfg, args.dry_run
+
+
+def check_printed(cfg: TrainConfig) -> None:
+    """The checks of a run's start that need no model, data or output folder: the fields, the objective and its
+    hyper-parameters, the task's name and options. A printed config is one a run would not refuse for these; the data
+    is not read (a hub dataset may need the network, a bundled set minutes to draw)."""
+    import mmrl.algos as algos
+    from mmrl.tasks.base import checked_options
+    from mmrl.trainer.config import validate
+
+    validate(cfg)
+    algos.get(cfg.algo.name, **cfg.algo.params)
+    checked_options(cfg.task.name, cfg.task.options)
 
 
 def _main(argv: list[str] | None) -> int:

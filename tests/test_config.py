@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -43,6 +44,17 @@ def test_bad_fields_name_themselves(overrides, message):
     with pytest.raises(ValueError) as err:
         apply_overrides(TrainConfig(), overrides, "test")
     assert message in str(err.value)
+
+
+def test_a_bad_value_names_the_yaml_file_or_command_line_that_set_it(tmp_path):
+    """As an unknown field already does: with a --config file and flags, the value to fix is in one of them."""
+    config = tmp_path / "typo.yaml"
+    config.write_text("rollout: {prompts_per_step: two}\n")
+    with pytest.raises(ValueError, match=rf"^config \({re.escape(str(config))}\): rollout.prompts_per_step must be an "
+                                         r"integer, got 'two'$"):
+        parse_config(["--config", str(config)])
+    with pytest.raises(ValueError, match=r"^config \(command line\): run.steps must be an integer, got 'x'$"):
+        parse_config(["--steps", "x"])
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -239,3 +251,26 @@ def test_the_range_check_reads_the_fields_metadata():
                     checked += 1
                     break
     assert checked >= 30, checked
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--algo", "gpgg"], "unknown algorithm 'gpgg'"),
+    (["--rollout.samples_per_prompt", "1"], "rollout.samples_per_prompt must be >= 2"),
+    (["--steps", "0"], "run.steps must be >= 1"),
+    (["--task", "arithmatic"], "unknown task 'arithmatic'"),
+    (["--algo.f_nrom", "std"], "algorithm 'grpo' has no hyper-parameter 'f_nrom'"),
+    (["--task.max_operand", "many"], "task.max_operand must be an integer"),
+])
+def test_print_config_refuses_what_a_run_refuses(flags, message, capsys, tmp_path):
+    """A printed config passed for a valid one (exit 0) although a run would refuse it; now the same one line and
+    exit code 2, and nothing printed or written."""
+    from mmrl.train import main
+
+    out = tmp_path / "run"
+    assert main(["--print-config", "--out", str(out), *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert not out.exists()
+    with pytest.raises(SystemExit) as done:
+        main(["--print-config", "--out", str(out)])
+    assert done.value.code == 0 and json.loads(capsys.readouterr().out)["algo"]["name"] == "grpo"

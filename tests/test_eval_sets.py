@@ -58,6 +58,10 @@ def test_sets_are_built_from_the_run_task_with_their_own_options(tmp_path):
     bad = parse_config(["--evaluation.sets", json.dumps([{"name": "x", "path": bench}])])  # arithmetic: no files
     with pytest.raises(ValueError, match=r"evaluation.sets\[0\] \(x\).path: task 'arithmetic' does not read"):
         build_eval_sets(bad, build_task(bad))
+    missing = parse_config(["--task", "math", "--task.path", train, "--evaluation.sets",
+                            json.dumps([{"name": "gone", "path": str(tmp_path / "gone.jsonl")}])])
+    with pytest.raises(ValueError, match=r"^config: evaluation.sets\[0\] \(gone\).path: no such file"):
+        build_eval_sets(missing, build_task(missing))
 
 
 def test_local_trainer_evaluates_each_set_with_its_own_sampling(tmp_path, embedded_model_dir, small_config,

@@ -177,3 +177,18 @@ def test_pretrained_models_get_the_instruct_chat_unless_the_user_chose(tmp_path)
     assert cfg.task.options["one_shot"] is True  # recorded in the run's config.json, so resume and eval agree
     embedded = TrainConfig()
     assert len(build_task(embedded).train[0]["messages"]) == 1 and embedded.task.options == {}
+
+
+def test_errors_in_the_eval_path_file_name_task_eval_path(tmp_path):
+    """A held-out file's problems are reported under the option that named it, not as the training file's."""
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(4)))
+    with pytest.raises(ValueError, match=r"^task.eval_path: no such file .*nope.jsonl"):
+        get_task("math", path=str(train), eval_path=str(tmp_path / "nope.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n" + json.dumps({"problem": "2+2"}) + "\n")
+    with pytest.raises(ValueError, match=r"^task.eval_path: .*bad.jsonl line 2 has no 'answer'"):
+        get_task("math", path=str(train), eval_path=str(bad))
+    bad.write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"^task.eval_path: .*bad.jsonl line 1 is not valid JSON"):
+        get_task("math", path=str(train), eval_path=str(bad))

@@ -49,7 +49,7 @@ def test_each_caller_reads_only_its_own_text():
 @pytest.mark.parametrize("value", [5, None, 1.5, ["a"]])
 def test_a_text_config_field_is_not_rewritten_from_another_kind(value):
     """`run.wandb: null` in YAML used to become the W&B project "None", and `name: 5` the text "5"."""
-    with pytest.raises(ValueError, match=r"config: run.wandb must be text, got .* \(quote it in YAML\)"):
+    with pytest.raises(ValueError, match=r"config \(test\): run.wandb must be text, got .* \(quote it in YAML\)"):
         config_field("run.wandb", value)
 
 

@@ -473,3 +473,32 @@ def test_a_missing_image_and_one_that_is_no_file_get_the_same_message(tmp_path):
             get_task("classification", path=path, eval_fraction=0)
         messages.append(str(caught.value).replace(name, "NAME"))
     assert messages[0] == messages[1] and messages[0].endswith("does not exist or cannot be read")
+
+
+@pytest.mark.parametrize("name,option,value", [
+    ("geoqa", "eval_path", "/nonexistent/held_out.jsonl"), ("geoqa", "answer_key", "solution"),
+    ("geometry3k", "image_key", "image"), ("geometry3k", "max_samples", 5),
+    ("grounding", "box_format", "xywh"), ("grounding", "box_frame", "norm1000"), ("grounding", "eval_path", "x.jsonl"),
+    ("classification", "label_key", "class"), ("classification", "eval_path", "x.jsonl"),
+    ("visual_choice", "question_key", "prompt"), ("visual_choice", "eval_path", "x.jsonl"),
+])
+def test_file_options_without_task_path_are_refused_not_ignored(cache, name, option, value):
+    """The bundled set has its own columns and split: an option that reads a task.path file fails at start, named,
+    instead of a run on the bundled split that looks like the one asked for."""
+    with pytest.raises(ValueError, match=rf"^task.{option} applies to task.path data; without task.path"):
+        get_task(name, **{option: value})
+
+
+@pytest.mark.parametrize("name", ["grounding", "classification", "geoqa"])
+def test_errors_in_the_eval_path_file_name_task_eval_path(tmp_path, name):
+    make_image(tmp_path / "a.png")
+    row = {"grounding": {"image": "a.png", "problem": "the thing", "answer": [1, 2, 30, 40]},
+           "classification": {"image": "a.png", "label": "eagle"},
+           "geoqa": {"image": "a.png", "problem": "Find x.", "answer": "30"}}[name]
+    train = write_jsonl(tmp_path / "train.jsonl", [row] * 5)
+    with pytest.raises(ValueError, match=r"^task.eval_path: no such file .*nope.jsonl"):
+        get_task(name, path=train, eval_path=str(tmp_path / "nope.jsonl"))
+    answer = "label" if name == "classification" else "answer"
+    bad = write_jsonl(tmp_path / "test.jsonl", [row, {k: v for k, v in row.items() if k != answer}])
+    with pytest.raises(ValueError, match=rf"^task.eval_path: .*test.jsonl line 2 has no '{answer}'"):
+        get_task(name, path=train, eval_path=bad)

@@ -148,6 +148,13 @@ class EnvTask:
 
 def get_task(name: str, **options: Any) -> Task | EnvTask:
     """Build task ``name``; ``options`` are its documented keyword arguments (unknown ones raise ValueError)."""
+    checked = checked_options(name, options)  # first: an unknown name is one line, not a KeyError
+    return TASKS[name](**checked)
+
+
+def checked_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Task ``name``'s ``options`` as the types of their defaults; an unknown task or option is one line. Reads no
+    data, so ``--print-config`` can check them without building the task."""
     if name not in TASKS:
         raise UserError(f"unknown task {name!r}; choose one of: {', '.join(sorted(TASKS))}")
     defaults = option_defaults(name)
@@ -156,7 +163,7 @@ def get_task(name: str, **options: Any) -> Task | EnvTask:
         if key not in defaults:
             raise UserError(f"task {name!r} has no option {key!r}; it has: {', '.join(sorted(defaults))}")
         checked[key] = typed_option(f"task.{key}", value, defaults[key])
-    return TASKS[name](**checked)
+    return checked
 
 
 def option_defaults(name: str) -> dict[str, Any]:

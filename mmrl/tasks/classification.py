@@ -28,6 +28,7 @@ from mmrl.tasks.vision_data import (
     image_value,
     load_splits,
     load_table,
+    refuse_file_options,
     require_column,
     split_rows,
     strip_answer_tags,
@@ -80,6 +81,9 @@ def classification_task(path: str = "", eval_path: str = "", image_key: str = "i
                         format_weight: float = 1.0, system_prompt: str = "", eval_fraction: float = 0.1,
                         max_samples: int = 0, n_samples: int = 512, image_size: int = 112, seed: int = 0,
                         colour_cue: bool = True, allow_outside_images: bool = False) -> Task:
+    if not path:
+        refuse_file_options(classification_task, locals(), ("eval_path", "image_key", "label_key", "aliases_key",
+                                                            "max_samples"))
     options = dict(image_key=image_key, label_key=label_key, aliases_key=aliases_key, template=template,
                    max_listed_classes=max_listed_classes, system_prompt=system_prompt or None)
     if path:

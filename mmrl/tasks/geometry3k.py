@@ -14,8 +14,8 @@ from __future__ import annotations
 from mmrl.errors import UserError
 from mmrl.rewards.base import get_reward, weighted
 from mmrl.tasks.base import Task, register_task
-from mmrl.tasks.geoqa import load_geometry
-from mmrl.tasks.vision_data import IMAGE_TASK_DEFAULTS
+from mmrl.tasks.geoqa import FILE_OPTIONS, load_geometry
+from mmrl.tasks.vision_data import IMAGE_TASK_DEFAULTS, refuse_file_options
 
 BOXED_TEMPLATE = "{problem} You FIRST think about the reasoning process as an internal monologue and then provide " \
                  "the final answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final " \
@@ -29,6 +29,8 @@ def geometry3k_task(path: str = "", eval_path: str = "", image_key: str = "image
                     seed: int = 0, allow_outside_images: bool = False) -> Task:
     if n_samples < 10:
         raise UserError(f"task.n_samples must be >= 10, got {n_samples}")
+    if not path:
+        refuse_file_options(geometry3k_task, locals(), FILE_OPTIONS)
     options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, template=template,
                    system_prompt=system_prompt or None)
     train, evals, source = load_geometry(path, eval_path, eval_fraction=eval_fraction, max_samples=max_samples,

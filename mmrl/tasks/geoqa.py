@@ -25,6 +25,7 @@ from mmrl.tasks.vision_data import (
     image_value,
     load_splits,
     load_table,
+    refuse_file_options,
     require_column,
     split_rows,
     strip_answer_tags,
@@ -115,6 +116,8 @@ def load_geometry(path: str, eval_path: str, *, eval_fraction: float, max_sample
 # The headline command (``python -m mmrl.train --algo gpg --task geoqa``) is the demo's run: 40 steps, held-out
 # pass@1 at step 0, 20 and 40 (docs/vision.md, "What the CPU demo shows").
 GEOQA_DEFAULTS = {**IMAGE_TASK_DEFAULTS, "run.steps": 40, "run.eval_every": 20}
+# The options that read a task.path file (refused without one: the bundled set has its own columns and split).
+FILE_OPTIONS = ("eval_path", "image_key", "problem_key", "answer_key", "max_samples")
 
 
 @register_task("geoqa", config_defaults=GEOQA_DEFAULTS)
@@ -124,6 +127,8 @@ def geoqa_task(path: str = "", eval_path: str = "", image_key: str = "image", pr
                allow_outside_images: bool = False) -> Task:
     if n_samples < 10:
         raise UserError(f"task.n_samples must be >= 10, got {n_samples}")
+    if not path:
+        refuse_file_options(geoqa_task, locals(), FILE_OPTIONS)
     options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, template=template,
                    system_prompt=system_prompt or None)
     train, evals, source = load_geometry(path, eval_path, eval_fraction=eval_fraction, max_samples=max_samples,

@@ -32,6 +32,7 @@ from mmrl.tasks.vision_data import (
     image_value,
     load_splits,
     load_table,
+    refuse_file_options,
     require_column,
     split_rows,
     strip_answer_tags,
@@ -164,6 +165,9 @@ def grounding_task(path: str = "", eval_path: str = "", variant: str = "referrin
         raise UserError(f"task.box_format must be 'xyxy' or 'xywh', got {box_format!r}")
     if box_frame not in ("original", "norm1000"):
         raise UserError(f"task.box_frame must be 'original' or 'norm1000', got {box_frame!r}")
+    if not path:
+        refuse_file_options(grounding_task, locals(), ("eval_path", "image_key", "problem_key", "answer_key",
+                                                       "box_format", "box_frame", "max_samples"))
     answer_key = answer_key or ("boxes" if detection else "answer")
     options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, detection=detection,
                    box_format=box_format, box_frame=box_frame, system_prompt=system_prompt or None)

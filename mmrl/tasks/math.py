@@ -45,7 +45,9 @@ MATH_EXAMPLE = ("A shop sells pens at 3 dollars each. How much do 4 pens cost?",
 
 def to_samples(rows: list[dict[str, Any]], problem_key: str, answer_key: str, where: str,
                system_prompt: str | None, template: str = "{problem}",
-               example: tuple[str, str] | None = None) -> list[dict[str, Any]]:
+               example: tuple[str, str] | None = None, field: str = "task.path") -> list[dict[str, Any]]:
+    """Rows -> chat samples; a bad row fails naming ``field``, the option that named the file (a held-out file's
+    rows are ``task.eval_path``'s, not the training file's)."""
     if rows and all(problem_key not in row for row in rows):
         raise UserError(f"task.problem_key: {where} has no column {problem_key!r} (columns: {sorted(rows[0])})")
     if rows and all(answer_key not in row for row in rows):
@@ -57,28 +59,28 @@ def to_samples(rows: list[dict[str, Any]], problem_key: str, answer_key: str, wh
         for key, value in ((problem_key, problem), (answer_key, answer)):
             if value is None or not str(value).strip():
                 state = "has no" if value is None else "has an empty"
-                raise UserError(f"task.path: {at} {state} {key!r}")
+                raise UserError(f"{field}: {at} {state} {key!r}")
         if not isinstance(problem, str):
-            raise UserError(f"task.path: {at} has a {problem_key!r} that is not text: {problem!r}")
+            raise UserError(f"{field}: {at} has a {problem_key!r} that is not text: {problem!r}")
         # an answer is text or a number as written; a list, an object, true/false or a NaN is not something the
         # verifier could match, and str() would invent a gold answer ("[1, 2]", "True", "nan")
         if isinstance(answer, (bool, list, dict)) or (isinstance(answer, float) and not math.isfinite(answer)):
-            raise UserError(f"task.path: {at} has an {answer_key!r} that is not text or a number: "
+            raise UserError(f"{field}: {at} has an {answer_key!r} that is not text or a number: "
                              f"{answer!r}")
         samples.append({"messages": chat(template.replace("{problem}", problem), system_prompt or "", example),
                         "answer": str(answer), "problem": problem, "prompt_text": problem, "origin": at})
-    warn_e_notation(samples, where)
+    warn_e_notation(samples, where, field)
     return samples
 
 
-def warn_e_notation(samples: list[dict[str, Any]], where: str) -> None:
+def warn_e_notation(samples: list[dict[str, Any]], where: str, field: str = "task.path") -> None:
     """One warning per data file whose gold answers write numbers in e-notation: they are scored as the numbers
     they write (mmrl.rewards.text.plain_number), which math-verify alone would not do (it reads 1e3 as 3·e)."""
     written = [s for s in samples if plain_number(s["answer"]) != s["answer"]]
     if written:
         first = written[0]
-        log.warning("task.path: %s has %d gold answer(s) in e-notation (first: %r at %s); each is scored as the "
-                    "number it writes (%s), not as a product with Euler's number e", where, len(written),
+        log.warning("%s: %s has %d gold answer(s) in e-notation (first: %r at %s); each is scored as the "
+                    "number it writes (%s), not as a product with Euler's number e", field, where, len(written),
                     first["answer"], first["origin"].removeprefix(f"{where} "), plain_number(first["answer"]))
 
 
@@ -105,8 +107,8 @@ def math_task(path: str = "", eval_path: str = "", problem_key: str = "problem",
     example = MATH_EXAMPLE if one_shot else None
     train = to_samples(rows, problem_key, answer_key, path, system_prompt or None, template, example)
     if eval_path:
-        evals = to_samples(load_rows(eval_path, "test"), problem_key, answer_key, eval_path, system_prompt or None,
-                           template, example)
+        evals = to_samples(load_rows(eval_path, "test", "task.eval_path"), problem_key, answer_key, eval_path,
+                           system_prompt or None, template, example, "task.eval_path")
     elif eval_fraction:  # hold out a seeded random eval_fraction (files are often sorted by source or difficulty)
         random.Random(seed).shuffle(train)
         n_eval = int(len(train) * eval_fraction)

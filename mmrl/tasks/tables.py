@@ -51,17 +51,18 @@ class WrittenNumber(float):
 
 class Rows(list):
     """A list of rows that keeps, for each, where the file wrote it (``"line 7"``, ``"item 3"``); a slice keeps its
-    rows' places."""
+    rows' places. ``field`` is the option that named the file, for a task's check of a row to name it."""
 
-    def __init__(self, rows: list[dict[str, Any]], places: list[str]) -> None:
+    def __init__(self, rows: list[dict[str, Any]], places: list[str], field: str = "task.path") -> None:
         if len(rows) != len(places):
             raise UserError(f"Rows: {len(rows)} rows but {len(places)} places")
         super().__init__(rows)
         self.places = list(places)
+        self.field = field
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return Rows(list.__getitem__(self, index), self.places[index])
+            return Rows(list.__getitem__(self, index), self.places[index], self.field)
         return list.__getitem__(self, index)
 
 
@@ -79,13 +80,13 @@ def _counted(rows: list[dict[str, Any]]) -> Rows:
     return Rows(rows, [_counted_place(i) for i in range(len(rows))])
 
 
-def _decode(data: bytes, path: Path) -> str:
+def _decode(data: bytes, path: Path, field: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise UserError(f"task.path: {path} line {line} is not UTF-8 text (byte 0x{data[exc.start]:02x} at column "
+        raise UserError(f"{field}: {path} line {line} is not UTF-8 text (byte 0x{data[exc.start]:02x} at column "
                          f"{column}); re-save the file as UTF-8") from None
 
 
@@ -93,57 +94,57 @@ def _not_json(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
 
 
-def _json_value(text: str, path: Path, line: int) -> Any:
+def _json_value(text: str, path: Path, line: int, field: str) -> Any:
     try:
         # Python's json reads the bare NaN / Infinity / -Infinity of no JSON standard: refused as what they are
         return json.loads(text, parse_float=WrittenNumber, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
-        raise UserError(f"task.path: {path} line {line + exc.lineno - 1} is not valid JSON ({exc.msg} at column "
+        raise UserError(f"{field}: {path} line {line + exc.lineno - 1} is not valid JSON ({exc.msg} at column "
                          f"{exc.colno})") from None
     except RecursionError:
-        raise UserError(f"task.path: {path} line {line} nests JSON too deeply") from None
+        raise UserError(f"{field}: {path} line {line} nests JSON too deeply") from None
 
 
-def _record(value: Any, path: Path, where: str) -> dict[str, Any]:
+def _record(value: Any, path: Path, where: str, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise UserError(f"task.path: {path} {where} is a JSON {type(value).__name__}, not an object of fields")
+        raise UserError(f"{field}: {path} {where} is a JSON {type(value).__name__}, not an object of fields")
     return value
 
 
-def read_jsonl(path: Path) -> Rows:
-    text = _decode(path.read_bytes(), path)
+def read_jsonl(path: Path, field: str = "task.path") -> Rows:
+    text = _decode(path.read_bytes(), path, field)
     rows, places = [], []
     for number, line in enumerate(text.split("\n"), start=1):
         if line.strip():
-            rows.append(_record(_json_value(line, path, number), path, f"line {number}"))
+            rows.append(_record(_json_value(line, path, number, field), path, f"line {number}", field))
             places.append(f"line {number}")
     return Rows(rows, places)
 
 
-def read_json(path: Path) -> Rows:
+def read_json(path: Path, field: str = "task.path") -> Rows:
     """A list of objects, or an object of equal-length columns."""
-    data = _json_value(_decode(path.read_bytes(), path), path, 1)
+    data = _json_value(_decode(path.read_bytes(), path, field), path, 1, field)
     if isinstance(data, list):
         places = [f"item {i} (items count from 0)" for i in range(len(data))]
-        return Rows([_record(row, path, place) for row, place in zip(data, places, strict=True)], places)
+        return Rows([_record(row, path, place, field) for row, place in zip(data, places, strict=True)], places)
     if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         lengths = {len(v) for v in data.values()}
         if len(lengths) != 1:
-            raise UserError(f"task.path: {path} holds columns of different lengths {sorted(lengths)}")
+            raise UserError(f"{field}: {path} holds columns of different lengths {sorted(lengths)}")
         return _counted([dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)])
-    raise UserError(f"task.path: {path} must hold a JSON list of objects or an object of columns")
+    raise UserError(f"{field}: {path} must hold a JSON list of objects or an object of columns")
 
 
-def read_csv(path: Path) -> Rows:
-    reader = csv.reader(io.StringIO(_decode(path.read_bytes(), path), newline=""))
+def read_csv(path: Path, field: str = "task.path") -> Rows:
+    reader = csv.reader(io.StringIO(_decode(path.read_bytes(), path, field), newline=""))
     try:
         header = next(reader)
     except StopIteration:
         return Rows([], [])
     except csv.Error as exc:
-        raise UserError(f"task.path: {path} line 1 is not valid CSV ({exc})") from None
+        raise UserError(f"{field}: {path} line 1 is not valid CSV ({exc})") from None
     if len(set(header)) != len(header) or any(not h.strip() for h in header):
-        raise UserError(f"task.path: {path} line 1: the header has empty or repeated column names {header}")
+        raise UserError(f"{field}: {path} line 1: the header has empty or repeated column names {header}")
     rows, places = [], []
     while True:
         first_line = reader.line_num + 1  # a quoted cell may span lines: the record starts after the last one read
@@ -152,11 +153,11 @@ def read_csv(path: Path) -> Rows:
         except StopIteration:
             break
         except csv.Error as exc:
-            raise UserError(f"task.path: {path} line {reader.line_num} is not valid CSV ({exc})") from None
+            raise UserError(f"{field}: {path} line {reader.line_num} is not valid CSV ({exc})") from None
         if not cells:
             continue
         if len(cells) > len(header):
-            raise UserError(f"task.path: {path} line {first_line} has {len(cells)} cells, the header "
+            raise UserError(f"{field}: {path} line {first_line} has {len(cells)} cells, the header "
                              f"{len(header)}")
         cells += [""] * (len(header) - len(cells))
         rows.append({h: (c if c != "" else None) for h, c in zip(header, cells, strict=True)})
@@ -164,14 +165,14 @@ def read_csv(path: Path) -> Rows:
     return Rows(rows, places)
 
 
-def read_parquet(path: Path) -> Rows:
+def read_parquet(path: Path, field: str = "task.path") -> Rows:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         rows = pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError) as exc:
-        raise UserError(f"task.path: {path} is not a readable parquet file ({str(exc).splitlines()[0]})") from None
+        raise UserError(f"{field}: {path} is not a readable parquet file ({str(exc).splitlines()[0]})") from None
     return _counted([{key: _positional(value) for key, value in row.items()} for row in rows])
 
 
@@ -186,18 +187,21 @@ def _positional(value: Any) -> Any:
 READERS = {".jsonl": read_jsonl, ".json": read_json, ".csv": read_csv, ".parquet": read_parquet}
 
 
-def load_rows(source: str, split: str = "train") -> Rows:
+def load_rows(source: str, split: str = "train", field: str = "task.path") -> Rows:
     """Rows of a local file (jsonl/json/parquet/csv) as written, or of a hub dataset ``split`` (needs network or a
-    local cache)."""
+    local cache). ``field`` is the option that named ``source`` (``task.eval_path``, ...); every error names it, so a
+    bad held-out file is not reported as the training file."""
     path = Path(os.path.expanduser(source))
     if path.suffix in LOCAL_SUFFIXES or path.exists():
         if not path.exists():
-            raise UserError(f"task.path: no such file {str(path)!r}")
+            raise UserError(f"{field}: no such file {str(path)!r}")
         if path.suffix not in READERS:
-            raise UserError(f"task.path: {str(path)!r} is not one of {', '.join(LOCAL_SUFFIXES)}")
+            raise UserError(f"{field}: {str(path)!r} is not one of {', '.join(LOCAL_SUFFIXES)}")
         if not path.is_file():
-            raise UserError(f"task.path: {str(path)!r} is not a file")
-        return READERS[path.suffix](path)
+            raise UserError(f"{field}: {str(path)!r} is not a file")
+        rows = READERS[path.suffix](path, field)
+        rows.field = field
+        return rows
     import datasets
 
     from mmrl.hub import cached_snapshot, hub_reachable, offline_by_env
@@ -205,11 +209,13 @@ def load_rows(source: str, split: str = "train") -> Rows:
     if not offline_by_env() and not hub_reachable():  # offline: the cached copy or one line, not 30 s of retries
         snapshot = cached_snapshot(source, repo_type="dataset")
         if snapshot is None:
-            raise UserError(f"task.path: {source!r} is not a local file, and the Hugging Face hub does not answer "
+            raise UserError(f"{field}: {source!r} is not a local file, and the Hugging Face hub does not answer "
                              f"(offline?) and has no cached copy of it")
         source = snapshot
     try:
-        return _counted(list(datasets.load_dataset(source, split=split)))
+        rows = _counted(list(datasets.load_dataset(source, split=split)))
     except Exception as exc:  # noqa: BLE001 -- turned into one clear line naming the field
-        raise UserError(f"task.path: cannot load dataset {source!r} split {split!r} "
+        raise UserError(f"{field}: cannot load dataset {source!r} split {split!r} "
                          f"(a hub id needs network access): {type(exc).__name__}: {exc}") from exc
+    rows.field = field
+    return rows

@@ -10,6 +10,7 @@ before training with one line naming the row and column, never mid-run.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
 import os
 import re
@@ -108,20 +109,32 @@ def check_image(value: str | bytes, where: str) -> tuple[int, int]:
         raise UserError(f"{where}: image cannot be read ({type(exc).__name__}: {exc})") from exc
 
 
-def load_table(source: str, split: str, max_samples: int = 0,
-               allow_outside_images: bool = False) -> tuple[list[dict[str, Any]], ImageRoot]:
+def load_table(source: str, split: str, max_samples: int = 0, allow_outside_images: bool = False,
+               field: str = "task.path") -> tuple[list[dict[str, Any]], ImageRoot]:
     """Rows of a local table (jsonl/json/parquet/csv), an image folder (``<label>/<image>``) or a hub dataset
-    ``split``, and the folder that its image paths are resolved against and kept in."""
+    ``split``, and the folder that its image paths are resolved against and kept in. Errors name ``field``, the
+    option that named ``source``."""
     path = Path(os.path.expanduser(source))
     if path.is_dir():
-        rows, folder = image_folder_rows(path), path.resolve()
+        rows, folder = image_folder_rows(path, field), path.resolve()
     else:
-        rows, folder = load_rows(source, split), (path.parent.resolve() if path.exists() else None)
+        rows, folder = load_rows(source, split, field), (path.parent.resolve() if path.exists() else None)
     if max_samples:
         rows = rows[:max_samples]
     if not rows:
-        raise UserError(f"task.path: {source!r} has no rows")
+        raise UserError(f"{field}: {source!r} has no rows")
     return rows, ImageRoot(folder, allow_outside_images)
+
+
+def refuse_file_options(task: Callable[..., Any], given: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Refuse the options of ``names`` that ``given`` sets away from ``task``'s defaults when there is no
+    ``task.path``: the bundled set has its own columns, boxes, size and split, so such an option would be ignored,
+    and a run on other data than the user asked for must not pass for the one they meant."""
+    defaults = inspect.signature(task).parameters
+    for name in names:
+        if given[name] != defaults[name].default:
+            raise UserError(f"task.{name} applies to task.path data; without task.path the bundled synthetic set is "
+                             f"used, which has its own columns and split (set task.path, or drop task.{name})")
 
 
 def to_plain(value: Any) -> Any:
@@ -142,7 +155,7 @@ def strip_answer_tags(value: Any) -> Any:
     return value
 
 
-def image_folder_rows(root: Path) -> Rows:
+def image_folder_rows(root: Path, field: str = "task.path") -> Rows:
     """An ImageFolder layout ``root/<label>/<image>`` as rows ``{"image": path, "label": label}`` (sorted)."""
     rows, places = [], []
     for class_dir in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -150,9 +163,9 @@ def image_folder_rows(root: Path) -> Rows:
             rows.append({"image": str(image.resolve()), "label": class_dir.name})
             places.append(f"file {class_dir.name}/{image.name}")
     if not rows:
-        raise UserError(f"task.path: image folder {str(root)!r} has no <label>/<image> files "
+        raise UserError(f"{field}: image folder {str(root)!r} has no <label>/<image> files "
                          f"({', '.join(IMAGE_SUFFIXES)})")
-    return Rows(rows, places)
+    return Rows(rows, places, field)
 
 
 def require_column(rows: list[dict[str, Any]], key: str, option: str, where: str) -> None:
@@ -162,7 +175,7 @@ def require_column(rows: list[dict[str, Any]], key: str, option: str, where: str
         return
     if all(key not in row for row in rows):
         raise UserError(f"task.{option}: {where} has no column {key!r} (columns: {sorted(map(str, rows[0]))})")
-    raise UserError(f"task.path: {where} {row_place(rows, missing)} has no {key!r}")
+    raise UserError(f"{getattr(rows, 'field', 'task.path')}: {where} {row_place(rows, missing)} has no {key!r}")
 
 
 def vision_messages(image: Any, text: str, system_prompt: str | None = None) -> list[dict[str, Any]]:
@@ -199,7 +212,8 @@ def load_splits(path: str, eval_path: str, make_samples: Callable[[list, ImageRo
     train = make_samples(rows, base, path)
     if not eval_path:
         return split_rows(train, eval_fraction, seed)
-    eval_rows, eval_base = load_table(eval_path, "test", allow_outside_images=allow_outside_images)
+    eval_rows, eval_base = load_table(eval_path, "test", allow_outside_images=allow_outside_images,
+                                      field="task.eval_path")
     if make_eval_samples is not None:
         return train, make_eval_samples(eval_rows, eval_base, eval_path, train)
     return train, make_samples(eval_rows, eval_base, eval_path)

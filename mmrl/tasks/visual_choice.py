@@ -35,6 +35,7 @@ from mmrl.tasks.vision_data import (
     image_value,
     load_splits,
     load_table,
+    refuse_file_options,
     require_column,
     split_rows,
     strip_answer_tags,
@@ -96,6 +97,9 @@ def visual_choice_task(path: str = "", eval_path: str = "", image_key: str = "im
                        n_samples: int = 512, image_size: int = 112, seed: int = 0,
                        kinds: str = "position", shuffle_options: bool = False,
                        allow_outside_images: bool = False) -> Task:
+    if not path:
+        refuse_file_options(visual_choice_task, locals(), ("eval_path", "image_key", "question_key", "options_key",
+                                                           "answer_key", "max_samples"))
     options = dict(image_key=image_key, question_key=question_key, options_key=options_key, answer_key=answer_key,
                    system_prompt=system_prompt or None)
     if path:

@@ -310,9 +310,11 @@ def _section_fields(section: str) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(SECTIONS[section])}
 
 
-def _coerce(where: str, value: Any, default: Any) -> Any:
-    """A YAML/CLI value as the field's type, or ValueError naming the field (mmrl/values.py)."""
-    return as_default_type(f"config: {where}", value, default, yaml_scalar)
+def _coerce(where: str, value: Any, default: Any, origin: str = "") -> Any:
+    """A YAML/CLI value as the field's type, or ValueError naming the field (mmrl/values.py) and, when given, the
+    layer that set it (a YAML file, the command line), as an unknown field is named."""
+    return as_default_type(f"config ({origin}): {where}" if origin else f"config: {where}", value, default,
+                           yaml_scalar)
 
 
 def _suggest(name: str, options: typing.Iterable[str]) -> str:
@@ -340,7 +342,7 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
         fields = _section_fields(section)
         obj = getattr(cfg, section)
         if field in fields and field not in OPEN_SECTIONS.values():
-            setattr(obj, field, _coerce(key, value, getattr(obj, field)))
+            setattr(obj, field, _coerce(key, value, getattr(obj, field), origin))
         elif section in OPEN_SECTIONS:
             extra = getattr(obj, OPEN_SECTIONS[section])
             # a task option keeps its text as written: the task converts it by its option's type (tasks/base.py)

@@ -31,10 +31,13 @@ class EvalSet:
         return self.config.max_new_tokens or cfg.rollout.max_new_tokens
 
 
-def _rebuild(cfg: TrainConfig, options: dict[str, Any], where: str) -> Task | EnvTask:
+def _rebuild(cfg: TrainConfig, options: dict[str, Any], where: str, read_path: bool = False) -> Task | EnvTask:
     try:
         return get_task(cfg.task.name, **options)
     except ValueError as exc:
+        # the task reads the set's file as its task.path; the user wrote it as the set's path, so that is named
+        if read_path and str(exc).startswith("task.path: "):
+            raise UserError(f"config: {where}.path: {str(exc).removeprefix('task.path: ')}") from exc
         raise UserError(f"config: {where}: {exc}") from exc
 
 
@@ -51,7 +54,7 @@ def build_eval_sets(cfg: TrainConfig, task: Task | EnvTask) -> list[EvalSet]:
                              f"choose its games or split with {where}.options instead")
         else:
             read = _rebuild(cfg, {**cfg.task.options, "path": es.path, "eval_path": "", "eval_fraction": 0.0,
-                                  **es.options}, where)
+                                  **es.options}, where, read_path=True)
             built = dataclasses.replace(read, eval=read.train)
         if built.multi_turn and es.repetition_penalty != 1.0:
             raise UserError(f"config: {where}.repetition_penalty: the episodes of multi-turn task "
