@@ -27,7 +27,8 @@ What does mmrl measure, on what, and how do I get the same figure? Every table b
 `python benchmarks/report.py` from a summary file in `benchmarks/results/` that a benchmark wrote; each names its
 command, machine and versions. Learning figures are means over seeds with the standard error (SE, n - 1) and the
 range; ratios are measured side by side in one run. Do not edit this page: rerun the command, commit its JSON, and
-render the page again.
+render the page again. A benchmark run with its default `--out` replaces the published summary of that table; to try
+other settings, give `--out` a folder of your own.
 """
 
 
