@@ -219,6 +219,20 @@ def test_overwrite_removes_only_what_the_run_recorded_and_names_what_it_left(tmp
     assert json.loads((run / RECORD_NAME).read_text())["files"] == []
 
 
+def test_overwrite_leaves_a_users_file_in_a_checkpoint_folder_and_names_it(tmp_path, caplog):
+    """A checkpoint folder is the run's, but a file the user put in it (an evaluation of that step) is not."""
+    run = tmp_path / "run"
+    written_run(run)
+    (run / "checkpoints" / "step_0000001" / "mine.txt").write_text("mine")
+    owner = claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    with caplog.at_level(logging.INFO, logger="mmrl"):
+        removed = owner.clear_previous()
+    owner.lock.release()
+    assert "checkpoints/step_0000001" in removed and not (run / "checkpoints" / "step_0000002").exists()
+    assert [p.name for p in (run / "checkpoints" / "step_0000001").iterdir()] == ["mine.txt"]
+    assert "left checkpoints/step_0000001/mine.txt (not written by an mmrl run)" in caplog.text
+
+
 def test_a_fresh_run_refuses_to_replace_a_file_its_record_does_not_name(tmp_path):
     run = tmp_path / "run"
     written_run(run)

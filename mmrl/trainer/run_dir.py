@@ -37,7 +37,7 @@ from typing import Any
 
 from mmrl.errors import UserError
 from mmrl.files import atomic_write_text, is_temporary_of
-from mmrl.trainer.checkpoint import latest_checkpoint, remove_partial_writes
+from mmrl.trainer.checkpoint import latest_checkpoint, remove_checkpoint, remove_partial_writes
 from mmrl.trainer.config import TrainConfig, saved_overrides
 
 log = logging.getLogger("mmrl")
@@ -53,6 +53,9 @@ RUN_FILES = {LOCK_NAME, RECORD_NAME, CONFIG_NAME, RESUMES_NAME, "metrics.jsonl",
              "openrlhf", "model", "tensorboard", "rehearsal"}  # the openrlhf backend's (mmrl.openrlhf.launch)
 # TensorBoard names its event files events.out.tfevents.<time>.<host>... (mmrl.trainer.loggers, --run.tensorboard)
 RUN_FILE_PREFIXES = ("events.out.tfevents.",)
+# The local trainer's checkpoint folders: a user may keep files in one (an evaluation of that step), so removing one
+# removes only the files its writer made (mmrl.trainer.checkpoint.remove_checkpoint) and names what it left.
+CHECKPOINT_FOLDERS = "checkpoints/step_*"
 # Fields that say how long, how often, where or with what resources to run, not what is trained.
 SAFE_ON_RESUME = {
     "run.steps", "run.checkpoint_every", "run.keep_checkpoints",
@@ -359,7 +362,13 @@ class RunDir:
             if not self._confined(rel):  # a folder on its way replaced by a link out of the run directory
                 self.left.append(rel)
                 continue
-            if target.is_dir() and not target.is_symlink():
+            if target.is_dir() and not target.is_symlink() and fnmatch.fnmatchcase(rel, CHECKPOINT_FOLDERS):
+                gone, left = remove_checkpoint(target)
+                if left:  # the folder stays, with what the user put in it
+                    self.left.extend(f"{rel}/{name}" for name in left)
+                    removed.extend([rel] if gone else [])
+                    continue
+            elif target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
             else:
                 target.unlink()
