@@ -369,3 +369,35 @@ def test_a_crafted_record_cannot_remove_anything_outside_the_folder(tmp_path):
     with pytest.raises(ValueError, match="checkpoints was not written by an mmrl run"):
         claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
     assert (victim / "step_0000001").is_dir()
+
+
+def test_a_start_refused_after_the_folder_was_cleared_leaves_nothing(tmp_path):
+    """A fresh run writes its record when it clears the folder; a refusal after that (the SFT warm-up's, with no
+    demonstration won) removes it with the folders the claim made."""
+    owner = claim(parse_config(["--out", str(tmp_path / "new" / "run")]))
+    owner.clear_previous()
+    assert (tmp_path / "new" / "run" / RECORD_NAME).is_file()
+    owner.abandon()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_start_into_an_earlier_runs_folder_keeps_its_record(tmp_path):
+    run = tmp_path / "run"
+    written_run(run)
+    owner = claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    owner.clear_previous()
+    owner.abandon()
+    assert json.loads((run / RECORD_NAME).read_text())["files"] == []  # still a run's folder, not a foreign one
+
+
+def test_a_refusal_late_in_the_set_up_leaves_no_folder(tmp_path, embedded_model_dir, small_config, monkeypatch):
+    from mmrl.errors import UserError
+    from mmrl.trainer import local
+
+    def refuse(*args, **kwargs):
+        raise UserError("task 'x': no expert demonstration was won; cannot warm up")
+
+    monkeypatch.setattr(local, "_setup_reference", refuse)  # the first phase after the folder is cleared
+    with pytest.raises(ValueError, match="cannot warm up"):
+        local.build_trainer(small_config(tmp_path))
+    assert list(tmp_path.iterdir()) == []

@@ -320,12 +320,13 @@ class RunDir:
 
     def __init__(self, path: Path, lock: RunLock, changes: dict[str, tuple[Any, Any]], *,
                  record: set[str] | None = None, adopted: tuple[str, ...] = (), left: tuple[str, ...] = (),
-                 step: int = 0, created: tuple[Path, ...] = ()):
+                 step: int = 0, created: tuple[Path, ...] = (), new_record: bool = False):
         self.path, self.lock, self.changes = path, lock, changes
         self.step = step  # of the checkpoint a resume continues from (0 for a fresh run)
         self.files = set(record or ()) | set(adopted)  # what the record names once it is next written
         self.left = list(left)  # entries of the directory that no run of ours wrote
         self._created = created  # folders the claim made: removed again by abandon() while still empty
+        self._new_record = new_record  # the folder had no record before this run: abandon() may remove its own
 
     def record(self, *paths: str | Path, prune: str | Path | None = None) -> None:
         """Add ``paths`` (relative to the run directory, or inside it) to the record, before or just after they are
@@ -404,9 +405,17 @@ class RunDir:
                 out.write(json.dumps(entry, default=str) + "\n")
 
     def abandon(self) -> None:
-        """A start refused after the claim: release the lock and remove the folders the claim made, if still
-        empty, so that a refused start leaves nothing behind."""
+        """A start refused after the claim: release the lock, remove the record the run began (while it names
+        nothing that was written) and the folders the claim made, if then empty, so that a refused start leaves
+        nothing behind."""
         self.lock.release()
+        # the record is written as soon as the run clears the folder, before the later set-up phases (the SFT
+        # warm-up's demonstrations, the env workers) that may still refuse the start
+        if self._new_record and not any(os.path.lexists(self.path / rel) for rel in self.files):
+            try:
+                (self.path / RECORD_NAME).unlink()
+            except FileNotFoundError:
+                pass
         for folder in self._created:  # the deepest first
             try:
                 folder.rmdir()
@@ -536,7 +545,7 @@ def claim(cfg: TrainConfig, layout: RunLayout = LOCAL_RUN) -> RunDir:
         RunDir(run_dir, lock, {}, created=created).abandon()
         raise
     return RunDir(run_dir, lock, found["changes"], record=record, adopted=found["adopted"], left=found["left"],
-                  step=found["step"], created=created)
+                  step=found["step"], created=created, new_record=record is None)
 
 
 def run_owning(path: str | Path) -> Path | None:
