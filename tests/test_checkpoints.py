@@ -216,3 +216,25 @@ def test_setting_aside_twice_keeps_the_first_one(tmp_path):
     again = checkpoint.set_aside(first)
     assert kept.name == "unreadable-step_0000001" and again.name == "unreadable-step_0000001-2"
     assert (kept / "what_i_found.txt").read_text() == "notes" and (again / checkpoint.STATE).is_file()
+
+
+def test_a_signal_during_the_final_evaluation_names_it(tmp_path, embedded_model_dir, monkeypatch, small_config,
+                                                       caplog):
+    """The step counter is already advanced when the final evaluation runs: no step after it is announced."""
+    from mmrl.trainer.local import Trainer, train
+
+    real_evaluate = Trainer.evaluate
+
+    def signalled_evaluate(self, *args, **kwargs):
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            while self.stop_signal is None:
+                time.sleep(0.001)
+        return real_evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "evaluate", signalled_evaluate)
+    with caplog.at_level(logging.WARNING, logger="mmrl"):
+        _, trainer = train(small_config(tmp_path, **{"run.steps": 1}))
+    assert f"signal {signal.SIGTERM}: finishing the final evaluation (step 1), then checkpointing" in caplog.text
+    assert "step 2" not in caplog.text
+    assert trainer.step == 1 and load_checkpoint(trainer.run_dir / "checkpoints" / "step_0000001")["step"] == 1
