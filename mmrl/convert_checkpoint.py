@@ -30,6 +30,7 @@ from mmrl.errors import UserError
 from mmrl.rewards.base import RewardResult
 from mmrl.trainer.checkpoint import (
     DIGEST,
+    LEGACY_DIGEST,
     LEGACY_STATE,
     PARTIAL_PREFIX,
     STATE,
@@ -39,7 +40,6 @@ from mmrl.trainer.checkpoint import (
 )
 
 log = logging.getLogger("mmrl")
-LEGACY_DIGEST = "state.sha256"  # the SHA-256 an older mmrl wrote beside state.pt
 _reconstruct = np._core.multiarray._reconstruct
 _scalar = np._core.multiarray.scalar
 # What an older checkpoint holds besides tensors and containers; a pickle written by NumPy 1 names its functions by

@@ -177,3 +177,64 @@ def test_the_stop_message_names_the_checkpoint(tmp_path, embedded_model_dir, mon
     assert trainer.step == 1 and load_checkpoint(written)["step"] == 1
     err = capsys.readouterr().err
     assert f"interrupted by signal {signal.SIGTERM} at step 1; the last checkpoint is {written}, intact" in err
+
+
+def test_pruning_removes_only_the_checkpoints_files_and_names_what_it_left(tmp_path, caplog):
+    """keep_checkpoints drops an old checkpoint's own files; a file the user put in its folder stays, and is named."""
+    save_checkpoint(tmp_path, 1, {"model": {"w": torch.zeros(4)}}, keep=1)
+    step1 = tmp_path / "checkpoints" / "step_0000001"
+    (step1 / "my_eval.json").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="mmrl"):
+        save_checkpoint(tmp_path, 2, {"model": {"w": torch.ones(4)}}, keep=1)
+    assert [p.name for p in step1.iterdir()] == ["my_eval.json"]
+    assert f"pruned checkpoint {step1}: left my_eval.json" in caplog.text
+    assert [p.name for p in checkpoint.checkpoints(tmp_path)] == ["step_0000002"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mmrl"):  # a folder of the user's files is no longer counted
+        save_checkpoint(tmp_path, 3, {"model": {"w": torch.ones(4)}}, keep=1)
+    assert "my_eval.json" not in caplog.text and step1.is_dir()
+    assert [p.name for p in checkpoint.checkpoints(tmp_path)] == ["step_0000003"]
+
+
+def test_a_checkpoint_written_over_a_folder_keeps_the_users_files(tmp_path):
+    folder = tmp_path / "checkpoints" / "step_0000001"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine")
+    (folder / checkpoint.STATE).write_text("{}")  # a damaged earlier checkpoint of this step: replaced
+    save_checkpoint(tmp_path, 1, {"model": {"w": torch.ones(4)}}, keep=2)
+    expected = sorted([checkpoint.DIGEST, checkpoint.STATE, checkpoint.TENSORS, "notes.txt"])
+    assert sorted(p.name for p in folder.iterdir()) == expected
+    assert load_checkpoint(folder)["step"] == 1 and (folder / "notes.txt").read_text() == "mine"
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+def test_setting_aside_twice_keeps_the_first_one(tmp_path):
+    first, _ = two_checkpoints(tmp_path)
+    kept = checkpoint.set_aside(first)
+    (kept / "what_i_found.txt").write_text("notes")
+    save_checkpoint(tmp_path, 1, {"model": {"w": torch.zeros(4)}}, keep=3)
+    again = checkpoint.set_aside(first)
+    assert kept.name == "unreadable-step_0000001" and again.name == "unreadable-step_0000001-2"
+    assert (kept / "what_i_found.txt").read_text() == "notes" and (again / checkpoint.STATE).is_file()
+
+
+def test_a_signal_during_the_final_evaluation_names_it(tmp_path, embedded_model_dir, monkeypatch, small_config,
+                                                       caplog):
+    """The step counter is already advanced when the final evaluation runs: no step after it is announced."""
+    from mmrl.trainer.local import Trainer, train
+
+    real_evaluate = Trainer.evaluate
+
+    def signalled_evaluate(self, *args, **kwargs):
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            while self.stop_signal is None:
+                time.sleep(0.001)
+        return real_evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "evaluate", signalled_evaluate)
+    with caplog.at_level(logging.WARNING, logger="mmrl"):
+        _, trainer = train(small_config(tmp_path, **{"run.steps": 1}))
+    assert f"signal {signal.SIGTERM}: finishing the final evaluation (step 1), then checkpointing" in caplog.text
+    assert "step 2" not in caplog.text
+    assert trainer.step == 1 and load_checkpoint(trainer.run_dir / "checkpoints" / "step_0000001")["step"] == 1

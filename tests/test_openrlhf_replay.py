@@ -336,6 +336,12 @@ def test_a_saved_store_restores_each_prompts_samples_and_replays_as_the_uninterr
 
     replay.save(tag)  # a second save of the same tag replaces the first, leaving nothing beside it
     assert [p.name for p in tag.iterdir()] == ["mmrl_replay"]
+    (saved / "notes.txt").write_text("mine")  # a user's file in the store's folder outlives a save of the tag
+    replay.save(tag)
+    assert sorted(p.name for p in saved.iterdir()) == ["SHA256SUMS", "notes.txt", "state.json", "tensors.safetensors"]
+    again = SampleReplay(N, K)
+    again.restore(tag, Experience)
+    assert list(again.store.by_prompt) == list(replay.store.by_prompt)
 
 
 def test_a_missing_damaged_or_foreign_store_is_refused_in_one_line_naming_it(tmp_path):

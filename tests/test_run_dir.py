@@ -219,6 +219,20 @@ def test_overwrite_removes_only_what_the_run_recorded_and_names_what_it_left(tmp
     assert json.loads((run / RECORD_NAME).read_text())["files"] == []
 
 
+def test_overwrite_leaves_a_users_file_in_a_checkpoint_folder_and_names_it(tmp_path, caplog):
+    """A checkpoint folder is the run's, but a file the user put in it (an evaluation of that step) is not."""
+    run = tmp_path / "run"
+    written_run(run)
+    (run / "checkpoints" / "step_0000001" / "mine.txt").write_text("mine")
+    owner = claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    with caplog.at_level(logging.INFO, logger="mmrl"):
+        removed = owner.clear_previous()
+    owner.lock.release()
+    assert "checkpoints/step_0000001" in removed and not (run / "checkpoints" / "step_0000002").exists()
+    assert [p.name for p in (run / "checkpoints" / "step_0000001").iterdir()] == ["mine.txt"]
+    assert "left checkpoints/step_0000001/mine.txt (not written by an mmrl run)" in caplog.text
+
+
 def test_a_fresh_run_refuses_to_replace_a_file_its_record_does_not_name(tmp_path):
     run = tmp_path / "run"
     written_run(run)
@@ -355,3 +369,35 @@ def test_a_crafted_record_cannot_remove_anything_outside_the_folder(tmp_path):
     with pytest.raises(ValueError, match="checkpoints was not written by an mmrl run"):
         claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
     assert (victim / "step_0000001").is_dir()
+
+
+def test_a_start_refused_after_the_folder_was_cleared_leaves_nothing(tmp_path):
+    """A fresh run writes its record when it clears the folder; a refusal after that (the SFT warm-up's, with no
+    demonstration won) removes it with the folders the claim made."""
+    owner = claim(parse_config(["--out", str(tmp_path / "new" / "run")]))
+    owner.clear_previous()
+    assert (tmp_path / "new" / "run" / RECORD_NAME).is_file()
+    owner.abandon()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_start_into_an_earlier_runs_folder_keeps_its_record(tmp_path):
+    run = tmp_path / "run"
+    written_run(run)
+    owner = claim(parse_config(["--out", str(run), "--run.overwrite", "true"]))
+    owner.clear_previous()
+    owner.abandon()
+    assert json.loads((run / RECORD_NAME).read_text())["files"] == []  # still a run's folder, not a foreign one
+
+
+def test_a_refusal_late_in_the_set_up_leaves_no_folder(tmp_path, embedded_model_dir, small_config, monkeypatch):
+    from mmrl.errors import UserError
+    from mmrl.trainer import local
+
+    def refuse(*args, **kwargs):
+        raise UserError("task 'x': no expert demonstration was won; cannot warm up")
+
+    monkeypatch.setattr(local, "_setup_reference", refuse)  # the first phase after the folder is cleared
+    with pytest.raises(ValueError, match="cannot warm up"):
+        local.build_trainer(small_config(tmp_path))
+    assert list(tmp_path.iterdir()) == []

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from mmrl.errors import UserError
-from mmrl.trainer.checkpoint import PARTIAL_PREFIX, read_state, verify, write_state
+from mmrl.trainer.checkpoint import PARTIAL_PREFIX, install, read_state, verify, write_state
 
 FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 ACTOR_DIR = "_actor"  # OpenRLHF's DeepSpeed checkpoints of the policy, under ``ckpt.path``
@@ -94,15 +94,13 @@ def weights_only_loading(folder: str | Path) -> Iterator[None]:
 
 def write_replay_store(tag_folder: str | Path, state: dict) -> Path:
     """Save a replay store's state (tensors, containers, JSON values) as ``tag_folder/mmrl_replay``, replacing an
-    earlier save of the same tag."""
+    earlier save of the same tag (its files only: anything else in that folder stays)."""
     tag_folder = Path(tag_folder)
     target = tag_folder / REPLAY_DIR
     tmp = Path(tempfile.mkdtemp(dir=tag_folder, prefix=PARTIAL_PREFIX))
     try:
         write_state(tmp, {"replay": state})
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        install(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -51,6 +51,10 @@ STATE = "state.json"
 TENSORS = "tensors.safetensors"
 DIGEST = "SHA256SUMS"
 LEGACY_STATE = "state.pt"  # an older mmrl's pickled checkpoint: recognised, never loaded
+LEGACY_DIGEST = "state.sha256"  # the SHA-256 an older mmrl wrote beside state.pt
+# Every file a checkpoint writer of mmrl puts in its folder (today's three, an older mmrl's two). Removing or replacing
+# a checkpoint removes these names only: a file a user put beside them (an evaluation's results) is not the run's.
+WRITTEN = (STATE, TENSORS, DIGEST, LEGACY_STATE, LEGACY_DIGEST)
 PARTIAL_PREFIX = ".tmp-"
 # safetensors' dtype names (https://github.com/huggingface/safetensors, the format's header)
 SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -201,9 +205,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int) 
         ckpt_root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=PARTIAL_PREFIX))
         write_state(tmp, {**state, "step": step, "rng": rng_state()})
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        install(tmp, target)
     except OSError as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -213,9 +215,50 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int) 
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in sorted(ckpt_root.glob("step_*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    # a folder that holds only what the run did not write (what pruning left) is no checkpoint to keep or prune
+    written = [f for f in sorted(ckpt_root.glob("step_*")) if f.is_dir() and not f.is_symlink()
+               and any(os.path.lexists(f / name) for name in WRITTEN)]
+    for old in written[:-keep]:
+        try:
+            _, left = remove_checkpoint(old)
+        except OSError as exc:
+            log.warning("checkpoint %s could not be pruned: %s", old, _why(exc, old))
+            continue
+        if left:
+            log.warning("pruned checkpoint %s: left %s (not written by mmrl)", old, ", ".join(left))
     return target
+
+
+def remove_checkpoint(folder: Path) -> tuple[list[str], list[str]]:
+    """Remove the files a checkpoint writer put in ``folder`` (:data:`WRITTEN`), then the folder if that empties
+    it. Returns (the names removed, the names left: whatever else the folder holds)."""
+    removed = []
+    for name in WRITTEN:
+        path = folder / name
+        if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()):
+            path.unlink()
+            removed.append(name)
+    left = sorted(p.name for p in folder.iterdir())
+    if not left:
+        folder.rmdir()
+    return removed, left
+
+
+def install(tmp: Path, target: Path) -> list[str]:
+    """Put the checkpoint written in ``tmp`` at ``target``, replacing the checkpoint there. What ``target`` holds
+    besides a writer's files stays, and the new files join it, the state last (a kill midway leaves a folder that
+    is no checkpoint, or one without its digest, which is skipped as damaged). Returns the names left."""
+    left: list[str] = []
+    if os.path.lexists(target):
+        _, left = remove_checkpoint(target)
+    if not left:
+        os.replace(tmp, target)
+        return left
+    for name in sorted(os.listdir(tmp), key=lambda n: n == STATE):
+        os.replace(tmp / name, target / name)
+    tmp.rmdir()
+    log.warning("checkpoint %s: replaced its files; left %s (not written by mmrl)", target, ", ".join(left))
+    return left
 
 
 def remove_partial_writes(run_dir: Path) -> list[Path]:
@@ -319,7 +362,9 @@ def set_aside(unreadable: Path) -> Path:
     into or resumed from)."""
     folder = unreadable if unreadable.is_dir() else unreadable.parent
     target = folder.with_name(f"unreadable-{folder.name}")
-    if target.exists():
-        shutil.rmtree(target)
+    count = 1
+    while os.path.lexists(target):  # one set aside before (and perhaps looked into): kept as well, under its name
+        count += 1
+        target = folder.with_name(f"unreadable-{folder.name}-{count}")
     os.replace(folder, target)
     return target

@@ -161,6 +161,7 @@ class Trainer:
     stop_signal: int | None = None  # set by SIGINT/SIGTERM: finish the step, checkpoint, stop
     writing_checkpoint: bool = False  # a second signal now waits for the write (then stops) instead of tearing it
     stop_after_write: int | None = None  # the signal that arrived during the write
+    evaluating: bool = False  # in run()'s evaluation of the step just trained (or of the model before any step)
     prompt_cache: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     vision: Any = None  # mmrl.vision.processor.VisionProcessor when the task has images
     vision_prompts: Any = None  # mmrl.trainer.vision_prompts.PromptCache of the training split
@@ -597,14 +598,16 @@ class Trainer:
         last: dict[str, Any] = {}
         try:
             if cfg.run.eval_every and self.step == 0:  # the curve's start: the model before any update
-                start = {"step": 0, **self.evaluate()}
+                with self.evaluation():
+                    start = {"step": 0, **self.evaluate()}
                 metrics.write(start)
                 loggers.write(start)
             while self.step < cfg.run.steps and self.stop_signal is None:
                 record = self.train_step()
                 self.step += 1
                 if (cfg.run.eval_every and self.step % cfg.run.eval_every == 0) or self.step == cfg.run.steps:
-                    record.update(self.evaluate(samples))
+                    with self.evaluation():
+                        record.update(self.evaluate(samples))
                 metrics.write(record)
                 loggers.write(record)
                 last = record
@@ -641,8 +644,27 @@ class Trainer:
             return
         if self.stop_signal is not None:  # a second signal: stop now, the last checkpoint stays valid
             raise Interrupted(signum, latest_checkpoint(self.run_dir))
-        log.warning("signal %d: finishing step %d, then checkpointing and stopping", signum, self.step + 1)
+        log.warning("signal %d: %s", signum, self.stop_message())
         self.stop_signal = signum
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        self.evaluating = True
+        try:
+            yield
+        finally:
+            self.evaluating = False
+
+    def stop_message(self) -> str:
+        """What a first stop signal lets finish. The step counter is advanced before the step's evaluation, so
+        during one it already names the step being finished; before the first step nothing is checkpointed."""
+        if not self.evaluating:
+            return f"finishing step {self.step + 1}, then checkpointing and stopping"
+        if self.step == 0:
+            return "finishing the evaluation before the first step, then stopping"
+        if self.step >= self.cfg.run.steps:
+            return f"finishing the final evaluation (step {self.step}), then checkpointing and stopping"
+        return f"finishing the evaluation of step {self.step}, then checkpointing and stopping"
 
 
 # ----------------------------------------------------------------------------------------------- building

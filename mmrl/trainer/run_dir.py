@@ -37,7 +37,7 @@ from typing import Any
 
 from mmrl.errors import UserError
 from mmrl.files import atomic_write_text, is_temporary_of
-from mmrl.trainer.checkpoint import latest_checkpoint, remove_partial_writes
+from mmrl.trainer.checkpoint import latest_checkpoint, remove_checkpoint, remove_partial_writes
 from mmrl.trainer.config import TrainConfig, saved_overrides
 from mmrl.trainer.masking import masked_config
 
@@ -54,6 +54,9 @@ RUN_FILES = {LOCK_NAME, RECORD_NAME, CONFIG_NAME, RESUMES_NAME, "metrics.jsonl",
              "openrlhf", "model", "tensorboard", "rehearsal"}  # the openrlhf backend's (mmrl.openrlhf.launch)
 # TensorBoard names its event files events.out.tfevents.<time>.<host>... (mmrl.trainer.loggers, --run.tensorboard)
 RUN_FILE_PREFIXES = ("events.out.tfevents.",)
+# The local trainer's checkpoint folders: a user may keep files in one (an evaluation of that step), so removing one
+# removes only the files its writer made (mmrl.trainer.checkpoint.remove_checkpoint) and names what it left.
+CHECKPOINT_FOLDERS = "checkpoints/step_*"
 # Fields that say how long, how often, where or with what resources to run, not what is trained.
 SAFE_ON_RESUME = {
     "run.steps", "run.checkpoint_every", "run.keep_checkpoints",
@@ -318,12 +321,13 @@ class RunDir:
 
     def __init__(self, path: Path, lock: RunLock, changes: dict[str, tuple[Any, Any]], *,
                  record: set[str] | None = None, adopted: tuple[str, ...] = (), left: tuple[str, ...] = (),
-                 step: int = 0, created: tuple[Path, ...] = ()):
+                 step: int = 0, created: tuple[Path, ...] = (), new_record: bool = False):
         self.path, self.lock, self.changes = path, lock, changes
         self.step = step  # of the checkpoint a resume continues from (0 for a fresh run)
         self.files = set(record or ()) | set(adopted)  # what the record names once it is next written
         self.left = list(left)  # entries of the directory that no run of ours wrote
         self._created = created  # folders the claim made: removed again by abandon() while still empty
+        self._new_record = new_record  # the folder had no record before this run: abandon() may remove its own
 
     def record(self, *paths: str | Path, prune: str | Path | None = None) -> None:
         """Add ``paths`` (relative to the run directory, or inside it) to the record, before or just after they are
@@ -360,7 +364,13 @@ class RunDir:
             if not self._confined(rel):  # a folder on its way replaced by a link out of the run directory
                 self.left.append(rel)
                 continue
-            if target.is_dir() and not target.is_symlink():
+            if target.is_dir() and not target.is_symlink() and fnmatch.fnmatchcase(rel, CHECKPOINT_FOLDERS):
+                gone, left = remove_checkpoint(target)
+                if left:  # the folder stays, with what the user put in it
+                    self.left.extend(f"{rel}/{name}" for name in left)
+                    removed.extend([rel] if gone else [])
+                    continue
+            elif target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
             else:
                 target.unlink()
@@ -395,9 +405,17 @@ class RunDir:
                 out.write(json.dumps(entry, default=str) + "\n")
 
     def abandon(self) -> None:
-        """A start refused after the claim: release the lock and remove the folders the claim made, if still
-        empty, so that a refused start leaves nothing behind."""
+        """A start refused after the claim: release the lock, remove the record the run began (while it names
+        nothing that was written) and the folders the claim made, if then empty, so that a refused start leaves
+        nothing behind."""
         self.lock.release()
+        # the record is written as soon as the run clears the folder, before the later set-up phases (the SFT
+        # warm-up's demonstrations, the env workers) that may still refuse the start
+        if self._new_record and not any(os.path.lexists(self.path / rel) for rel in self.files):
+            try:
+                (self.path / RECORD_NAME).unlink()
+            except FileNotFoundError:
+                pass
         for folder in self._created:  # the deepest first
             try:
                 folder.rmdir()
@@ -527,7 +545,7 @@ def claim(cfg: TrainConfig, layout: RunLayout = LOCAL_RUN) -> RunDir:
         RunDir(run_dir, lock, {}, created=created).abandon()
         raise
     return RunDir(run_dir, lock, found["changes"], record=record, adopted=found["adopted"], left=found["left"],
-                  step=found["step"], created=created)
+                  step=found["step"], created=created, new_record=record is None)
 
 
 def run_owning(path: str | Path) -> Path | None:
