@@ -145,7 +145,8 @@ def test_launch_script_dry_run_on_two_nodes(tmp_path):
 
 # Tasks with data made by code: the example's own --dry-run on the bundled/generated set instead of /data.
 GENERATED_DATA = {  # the recipes' own evaluation sets read /data: tests/test_recipes.py covers them
-    "geoqa": (["--task.path", "", "--task.n_samples", "40", "--evaluation.sets", "[]"], None),
+    # the recipe's column names are the official files' (a set column option is refused without task.path)
+    "geoqa": (["--task.path", "", "--task.answer_key", "", "--task.n_samples", "40", "--evaluation.sets", "[]"], None),
     "alfworld": (["--task.games_root", "", "--task.n_per_type", "3", "--evaluation.sets", "[]"], "alfworld"),
 }
 
