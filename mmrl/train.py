@@ -15,7 +15,7 @@ import sys
 
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
 from mmrl.errors import UserError
-from mmrl.trainer.config import OPEN_SECTIONS, SECTIONS, TrainConfig, load_yaml, resolve_config
+from mmrl.trainer.config import OPEN_SECTIONS, SECTIONS, TrainConfig, load_yaml, resolve_config, validate
 from mmrl.trainer.masking import masked_config
 from mmrl.trainer.metrics import read_metrics
 from mmrl.trainer.run_dir import saved_layer
@@ -75,9 +75,8 @@ def check_printed(cfg: TrainConfig) -> None:
     """The checks of a run's start that need no model, data or output folder: the fields, the objective and its
     hyper-parameters, the task's name and options. A printed config is one a run would not refuse for these; the data
     is not read (a hub dataset may need the network, a bundled set minutes to draw)."""
-    import mmrl.algos as algos
+    import mmrl.algos as algos  # the objectives and tasks load only when a config is printed
     from mmrl.tasks.base import checked_options
-    from mmrl.trainer.config import validate
 
     validate(cfg)
     algos.get(cfg.algo.name, **cfg.algo.params)
