@@ -502,3 +502,14 @@ def test_errors_in_the_eval_path_file_name_task_eval_path(tmp_path, name):
     bad = write_jsonl(tmp_path / "test.jsonl", [row, {k: v for k, v in row.items() if k != answer}])
     with pytest.raises(ValueError, match=rf"^task.eval_path: .*test.jsonl line 2 has no '{answer}'"):
         get_task(name, path=train, eval_path=bad)
+
+
+@pytest.mark.parametrize("task", ["classification", "visual_choice"])
+def test_choice_tasks_leave_room_for_the_answer_after_the_reasoning(task):
+    """A <think> sentence, then the <answer>: at the generic 16 new tokens every response was cut before its answer
+    and scored 0. The task's default is 32; a flag still sets another."""
+    from mmrl.train import parse_config
+
+    assert parse_config(["--task", task]).rollout.max_new_tokens == 32
+    assert parse_config(["--task", task, "--rollout.max_new_tokens", "20"]).rollout.max_new_tokens == 20
+    assert parse_config(["--task", "geoqa"]).rollout.max_new_tokens == 16  # a one-number answer fits the generic budget

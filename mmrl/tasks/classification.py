@@ -23,7 +23,7 @@ from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.synthetic_vision import SHAPES, synthetic_set
 from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
-    IMAGE_TASK_DEFAULTS,
+    CHOICE_TASK_DEFAULTS,
     ImageRoot,
     image_value,
     load_splits,
@@ -75,7 +75,7 @@ def classification_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str,
     return samples
 
 
-@register_task("classification", config_defaults=IMAGE_TASK_DEFAULTS)
+@register_task("classification", config_defaults=CHOICE_TASK_DEFAULTS)
 def classification_task(path: str = "", eval_path: str = "", image_key: str = "image", label_key: str = "label",
                         aliases_key: str = "", template: str = "", max_listed_classes: int = 20,
                         format_weight: float = 1.0, system_prompt: str = "", eval_fraction: float = 0.1,

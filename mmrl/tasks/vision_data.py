@@ -25,6 +25,9 @@ from mmrl.tasks.tables import Rows, load_rows, row_place
 # Recommended config of every task with images (``register_task(..., config_defaults=IMAGE_TASK_DEFAULTS)``): the
 # embedded Qwen2.5-VL, so that ``--task geoqa`` without ``--model`` gets a model that sees images, on either backend.
 IMAGE_TASK_DEFAULTS = {"model.name": EMBEDDED_VL_NAME}
+# Classification and visual-choice answers are a <think> sentence, then the label or option in <answer>: the generic
+# 16 new tokens end inside the <think> part, so every response would be cut before its answer and score 0.
+CHOICE_TASK_DEFAULTS = {**IMAGE_TASK_DEFAULTS, "rollout.max_new_tokens": 32}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 

@@ -30,7 +30,7 @@ from mmrl.tasks.base import Task, register_task
 from mmrl.tasks.synthetic_vision import choice_prompt, synthetic_set
 from mmrl.tasks.tables import row_place
 from mmrl.tasks.vision_data import (
-    IMAGE_TASK_DEFAULTS,
+    CHOICE_TASK_DEFAULTS,
     ImageRoot,
     image_value,
     load_splits,
@@ -90,7 +90,7 @@ def choice_rows(rows: list[dict[str, Any]], base: ImageRoot, where: str, *, imag
     return samples
 
 
-@register_task("visual_choice", config_defaults=IMAGE_TASK_DEFAULTS)
+@register_task("visual_choice", config_defaults=CHOICE_TASK_DEFAULTS)
 def visual_choice_task(path: str = "", eval_path: str = "", image_key: str = "image", question_key: str = "question",
                        options_key: str = "options", answer_key: str = "answer", format_weight: float = 1.0,
                        system_prompt: str = "", eval_fraction: float = 0.1, max_samples: int = 0,
