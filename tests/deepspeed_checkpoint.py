@@ -84,6 +84,16 @@ def main(work: Path) -> None:
     folder = ckpt / "global_step1"
 
     report: dict = {"files": sorted(p.name for p in folder.iterdir())}
+    # the rotation past ckpt.max_num (2: one tag kept beside the new one) on real saves, with a user's folder beside
+    # the tags (the oldest folder there) and a user's file inside the first tag
+    rotated = work / "rotated" / "_actor"
+    (rotated / "analysis").mkdir(parents=True)
+    (rotated / "analysis" / "plot.txt").write_text("mine")
+    for step in (1, 2, 3):
+        strategy.save_ckpt(trained, str(rotated), f"global_step{step}", max_num=2, client_state={"global_step": step})
+        if step == 1:
+            (rotated / "global_step1" / "eval.json").write_text("mine too")
+    report["rotated"] = sorted(p.relative_to(rotated).as_posix() for p in rotated.rglob("*") if p.is_file())
     fresh = engine(2)
     _, client = strategy.load_ckpt(fresh, str(ckpt))
     loaded = state(fresh)

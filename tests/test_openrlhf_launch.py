@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import mmrl.algos as algos
 from mmrl.openrlhf.args import LaunchInputs, build_flags, to_argv
+from mmrl.openrlhf.checkpoint import remove_tag, rotate_tags
 from mmrl.openrlhf.cli import parse_openrlhf_args
 from mmrl.openrlhf.launch import prepare, resolve_launch
 from mmrl.openrlhf.reward import completion_text
@@ -160,9 +165,15 @@ def openrlhf_cfg(out, *flags):
 
 
 def checkpointed(out, step: int) -> None:
-    """What OpenRLHF's DeepSpeed checkpoint of the policy leaves at ``step``: its folder and the ``latest`` tag."""
-    (out / "checkpoints" / "_actor" / f"global_step{step}").mkdir(parents=True)
-    (out / "checkpoints" / "_actor" / "latest").write_text(f"global_step{step}")
+    """The names OpenRLHF's DeepSpeed checkpoint of the policy leaves at ``step`` (tests/deepspeed_checkpoint.py
+    writes a real one): the tag's folder with each rank's states and OpenRLHF's metric, the ``latest`` tag and
+    DeepSpeed's recovery script."""
+    actor = out / "checkpoints" / "_actor"
+    (actor / f"global_step{step}").mkdir(parents=True)
+    for name in ("mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "metric.json"):
+        (actor / f"global_step{step}" / name).write_text("states")
+    (actor / "latest").write_text(f"global_step{step}")
+    (actor / "zero_to_fp32.py").write_text("script")
 
 
 def test_an_existing_run_is_not_overwritten_silently(tmp_path, embedded_model_dir):
@@ -252,6 +263,29 @@ def test_overwrite_replaces_only_what_the_run_wrote(tmp_path, embedded_model_dir
     assert not (out / "checkpoints" / "_actor").exists() and not (out / "model").exists()
     assert (out / "notes.txt").read_text() == "mine" and (out / "checkpoints" / "mine.txt").read_text() == "mine too"
     assert (out / "openrlhf" / "train.jsonl").is_file() and json.loads((out / "config.json").read_text())
+
+
+def test_overwrite_keeps_a_users_files_among_the_policy_checkpoints(tmp_path, embedded_model_dir, caplog):
+    """Only what DeepSpeed, OpenRLHF and mmrl write in ``checkpoints/_actor`` goes; a user's folder beside the tags
+    and a file inside one stay (and are named), and the next overwrite keeps them too."""
+    out = tmp_path / "run"
+    _, owner = prepare(openrlhf_cfg(out))
+    owner.lock.release()
+    checkpointed(out, 2)
+    checkpointed(out, 3)
+    actor = out / "checkpoints" / "_actor"
+    (actor / "global_step3" / "mmrl_replay").mkdir()
+    (actor / "global_step3" / "mmrl_replay" / "state.json").write_text("{}")
+    (actor / "global_step3" / "eval.json").write_text("mine")
+    (actor / "analysis").mkdir()
+    (actor / "analysis" / "plot.txt").write_text("mine too")
+    for _ in range(2):
+        with caplog.at_level(logging.WARNING, logger="mmrl"):
+            _, owner = prepare(openrlhf_cfg(out, "--run.overwrite", "true"))
+        owner.lock.release()
+        assert sorted(p.relative_to(actor).as_posix() for p in actor.rglob("*")) == [
+            "analysis", "analysis/plot.txt", "global_step3", "global_step3/eval.json"]
+        assert all(f"checkpoints/_actor/{name}" in caplog.text for name in ("analysis", "global_step3/eval.json"))
 
 
 def test_dry_run_prints_the_launch_and_writes_nothing(tmp_path, capsys, embedded_model_dir):
@@ -439,3 +473,64 @@ def test_the_entropy_bonus_reaches_openrlhfs_training_step(coef, tmp_path, embed
                         str(tmp_path / "run"), *SMALL_CLUSTER])
     args = resolve_launch(cfg, write=False).args
     assert args.actor.entropy_coef == (coef or None) and args.mmrl["params"]["entropy_coef"] == coef
+
+
+def tag(actor, name: str, metric: float | None = None, age: int = 0) -> None:
+    """A checkpoint tag as DeepSpeed and OpenRLHF write it (a rank's states and the metric), ``age`` seconds old."""
+    folder = actor / name
+    folder.mkdir(parents=True)
+    (folder / "mp_rank_00_model_states.pt").write_bytes(b"x" * 100)
+    (folder / "metric.json").write_text(json.dumps({"metric_key": "acc" if metric is not None else None,
+                                                    "metric_value": metric}))
+    then = time.time() - age
+    os.utime(folder, (then, then))
+
+
+def read_metric(folder: str) -> float | None:
+    return json.loads((Path(folder) / "metric.json").read_text())["metric_value"]
+
+
+def test_rotation_removes_old_checkpoints_files_only(tmp_path, caplog):
+    """OpenRLHF's order (no metric first, then the worst, then the oldest; best tags kept and not counted) down to
+    ``max_num - 1`` before a save, but only tags and only their writers' files: OpenRLHF's own rotation removed the
+    oldest folder of ``_actor`` whole, a user's folder there included."""
+    actor = tmp_path / "_actor"
+    (actor / "analysis").mkdir(parents=True)  # the oldest folder of all
+    (actor / "analysis" / "plot.txt").write_text("mine")
+    os.utime(actor / "analysis", (0, 0))
+    tag(actor, "global_step1", None, age=30)
+    tag(actor, "global_step2", 0.5, age=20)
+    tag(actor, "global_step3", 0.0, age=10)
+    tag(actor, "best_global_step2", 0.5, age=20)
+    (actor / "global_step1" / "eval.json").write_text("mine too")
+    with caplog.at_level(logging.WARNING, logger="mmrl"):
+        gone = rotate_tags(actor, "global_step4", 2, 1000, read_metric)
+    # 3 regular tags, room for 1 beside the new one: global_step1 (no metric), then global_step3 (metric 0.0 < 0.5)
+    assert [p.name for p in gone] == ["global_step1", "global_step3"]
+    assert sorted(p.relative_to(actor).as_posix() for p in actor.rglob("*") if p.is_file()) == [
+        "analysis/plot.txt", "best_global_step2/metric.json", "best_global_step2/mp_rank_00_model_states.pt",
+        "global_step1/eval.json", "global_step2/metric.json", "global_step2/mp_rank_00_model_states.pt"]
+    assert "global_step1: removed its states; left eval.json" in caplog.text
+    # the folder left with the user's file is no checkpoint: it neither counts nor goes at the next rotation
+    assert rotate_tags(actor, "global_step5", 2, 1000, read_metric) == []
+    # a new best replaces the earlier best only; a size limit removes regular tags until the rest fits
+    assert [p.name for p in rotate_tags(actor, "best_global_step5", 2, 1000, read_metric)] == ["best_global_step2"]
+    tag(actor, "global_step5", 0.9, age=0)
+    assert [p.name for p in rotate_tags(actor, "global_step6", 10, 150 / 1024 ** 3, read_metric)] == ["global_step2"]
+    assert (actor / "analysis" / "plot.txt").is_file() and (actor / "global_step1" / "eval.json").is_file()
+
+
+def test_removing_a_tag_leaves_what_its_writers_did_not_write(tmp_path):
+    folder = tmp_path / "global_step2"
+    (folder / "mmrl_replay").mkdir(parents=True)
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt", "metric.json",
+                 "mmrl_replay/state.json", "mmrl_replay/tensors.safetensors", "mmrl_replay/SHA256SUMS"):
+        (folder / name).write_text("written by the run")
+    assert remove_tag(folder) == (["metric.json", "mmrl_replay", "mp_rank_00_model_states.pt",
+                                   "zero_pp_rank_1_mp_rank_00_optim_states.pt"], [])
+    assert not folder.exists()
+    (folder / "mmrl_replay").mkdir(parents=True)
+    for name in ("mp_rank_00_model_states.pt", "mmrl_replay/state.json", "mmrl_replay/notes.txt", "states.md"):
+        (folder / name).write_text("x")
+    assert remove_tag(folder) == (["mp_rank_00_model_states.pt"], ["mmrl_replay", "states.md"])
+    assert sorted(p.name for p in folder.rglob("*")) == ["mmrl_replay", "notes.txt", "states.md"]

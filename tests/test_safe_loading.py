@@ -143,6 +143,11 @@ def test_a_deepspeed_checkpoint_is_read_weights_only_and_a_crafted_one_runs_noth
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["restored"] == {"client_state": 1, "weights": True, "exp_avg": True}
+    # the third save past ckpt.max_num 2 removed the first tag's states only: the user's folder and file stay
+    states = ["bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "metric.json", "mp_rank_00_model_states.pt"]
+    assert report["rotated"] == ["analysis/plot.txt", "global_step1/eval.json",
+                                 *(f"global_step{step}/{name}" for step in (2, 3) for name in states), "latest",
+                                 "zero_to_fp32.py"]
     assert report["fp16_scaler"]  # the loss scaler of an fp16 run reads back too
     for kind, name in (("model", "mp_rank_00_model_states.pt"),
                        ("optimizer", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")):

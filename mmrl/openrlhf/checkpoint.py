@@ -7,31 +7,47 @@ read at each call), and the only classes it may build besides tensors and contai
 checkpoint of mmrl's runs holds (:data:`DEEPSPEED_TYPES`). A file that names anything else is refused with one line,
 before any of it is built. mmrl's strategy (:mod:`mmrl.openrlhf.strategy`) loads every checkpoint under it.
 
+Removing a checkpoint (the rotation past ``ckpt.max_num``, ``--run.overwrite``) removes only the files DeepSpeed,
+OpenRLHF and mmrl wrote in it (:func:`remove_tag`): OpenRLHF's own rotation removes whole folders of ``_actor``, the
+oldest first, whatever they are, a user's own folder there included. What else a tag folder holds stays, with it.
+
 GVPO's replay store (:mod:`mmrl.openrlhf.replay`) is saved with each policy checkpoint, in the tag's own folder
-(``_actor/<tag>/mmrl_replay/``), so that OpenRLHF's rotation of old tags removes it with them. It is the local
+(``_actor/<tag>/mmrl_replay/``), so that the rotation of old tags removes it with them. It is the local
 trainer's checkpoint format (`mmrl.trainer.checkpoint`: ``state.json``, ``tensors.safetensors``, ``SHA256SUMS``),
 written into a temporary folder and renamed into place: a kill midway leaves no store, never half of one.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import pickle
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from mmrl.errors import UserError
-from mmrl.trainer.checkpoint import PARTIAL_PREFIX, install, read_state, verify, write_state
+from mmrl.trainer.checkpoint import PARTIAL_PREFIX, install, read_state, remove_checkpoint, verify, write_state
+
+log = logging.getLogger("mmrl.openrlhf")
 
 FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 ACTOR_DIR = "_actor"  # OpenRLHF's DeepSpeed checkpoints of the policy, under ``ckpt.path``
 REPLAY_DIR = "mmrl_replay"  # GVPO's replay store, inside the tag folder it was saved with
+# What DeepSpeed and OpenRLHF write: beside the tags, the name of the newest and DeepSpeed's ZeRO-to-fp32 script; in a
+# tag (OpenRLHF names them global_step<N>, best_global_step<N> for its best-metric saves), each rank's model and
+# optimizer states (DeepSpeed's engine names every such file *_model_states.pt or *_optim_states.pt) and OpenRLHF's
+# metric.json (DeepspeedStrategy.CKPT_METRIC_FILENAME).
+TAG_NAME = re.compile(r"(best_)?global_step\d+")
+BESIDE_TAGS = ("latest", "zero_to_fp32.py")
+TAG_FILE_SUFFIXES = ("_model_states.pt", "_optim_states.pt")
+METRIC_FILE = "metric.json"
 
 
 def deepspeed_types() -> list[type]:
@@ -119,3 +135,77 @@ def read_replay_store(tag_folder: str | Path) -> dict:
     if not isinstance(state, dict) or not isinstance(state.get("replay"), dict):
         raise UserError(f"{folder} is not a GVPO replay store (its state.json holds no 'replay')")
     return state["replay"]
+
+
+def _is_file(path: Path) -> bool:
+    return path.is_symlink() or (path.exists() and not path.is_dir())
+
+
+def is_tag(folder: Path) -> bool:
+    """``folder`` is a checkpoint tag as OpenRLHF names them, holding DeepSpeed's model states."""
+    return (TAG_NAME.fullmatch(folder.name) is not None and folder.is_dir() and not folder.is_symlink()
+            and any(child.name.endswith(TAG_FILE_SUFFIXES[0]) for child in folder.iterdir()))
+
+
+def remove_tag(folder: Path) -> tuple[list[str], list[str]]:
+    """Remove what DeepSpeed, OpenRLHF and mmrl wrote in the checkpoint tag ``folder`` (the ranks' states, the metric,
+    the replay store's files), then the folder if that empties it. Returns (the names removed, the names left)."""
+    removed = []
+    for child in sorted(folder.iterdir()):
+        if child.name == REPLAY_DIR and child.is_dir() and not child.is_symlink():
+            _, left = remove_checkpoint(child)
+            removed.extend([] if left else [child.name])
+        elif (child.name.endswith(TAG_FILE_SUFFIXES) or child.name == METRIC_FILE) and _is_file(child):
+            child.unlink()
+            removed.append(child.name)
+    left = sorted(os.listdir(folder))
+    if not left:
+        folder.rmdir()
+    return removed, left
+
+
+def remove_actor_checkpoints(folder: Path) -> tuple[list[str], list[str]]:
+    """Remove a run's ``_actor`` folder as far as DeepSpeed, OpenRLHF and mmrl wrote it (``--run.overwrite``): every
+    tag's files, ``latest`` and the recovery script; the folder too if that empties it. Returns (the names removed,
+    the names left, a tag's as ``tag/name``)."""
+    removed, left = [], []
+    for child in sorted(folder.iterdir()):
+        if TAG_NAME.fullmatch(child.name) and child.is_dir() and not child.is_symlink():
+            gone, kept = remove_tag(child)
+            removed.extend(f"{child.name}/{name}" for name in gone)
+            left.extend(f"{child.name}/{name}" for name in kept)
+        elif child.name in BESIDE_TAGS and _is_file(child):
+            child.unlink()
+            removed.append(child.name)
+        else:
+            left.append(child.name)
+    if not left:
+        folder.rmdir()
+    return removed, left
+
+
+def rotate_tags(save_dir: Path, tag: str | None, max_num: int, max_mem_gb: float,
+                metric: Callable[[str], float | None]) -> list[Path]:
+    """Before ``tag`` is saved into ``save_dir``: OpenRLHF's rotation (``DeepspeedStrategy.save_ckpt``), confined to
+    the checkpoints themselves. A new best tag replaces the earlier best ones; otherwise regular tags go, the first
+    without a metric, then the worst, then the oldest, until ``max_num - 1`` remain and all tags together hold at
+    most ``max_mem_gb`` GiB. Each goes by :func:`remove_tag`; a folder left with a user's files is no checkpoint any
+    more and is named in a warning. Returns the tags removed."""
+    tags = [f for f in sorted(save_dir.iterdir()) if is_tag(f)]
+    is_best = tag is not None and tag.startswith("best")
+    doomed = [t for t in tags if t.name.startswith("best") and t.name != tag] if is_best else []
+    regular = [t for t in tags if not t.name.startswith("best")]
+    sizes = {t: sum(f.stat().st_size for f in t.rglob("*") if f.is_file() and not f.is_symlink()) for t in tags}
+    size = sum(sizes[t] for t in tags if t not in doomed)
+    metrics = {t: metric(str(t)) for t in regular}
+    ranked = sorted(regular, key=lambda t: (metrics[t] is not None,
+                                            -math.inf if metrics[t] is None else metrics[t], t.stat().st_mtime))
+    while ranked and ((not is_best and len(ranked) > max_num - 1) or size > max_mem_gb * 1024 ** 3):
+        victim = ranked.pop(0)
+        doomed.append(victim)
+        size -= sizes[victim]
+    for victim in doomed:
+        _, left = remove_tag(victim)
+        if left:
+            log.warning("checkpoint %s: removed its states; left %s (not written by the run)", victim, ", ".join(left))
+    return doomed

@@ -35,6 +35,7 @@ from mmrl.openrlhf.args import (
     to_argv,
     unmasked_extra,
 )
+from mmrl.openrlhf.checkpoint import remove_actor_checkpoints
 from mmrl.openrlhf.cli import check_supported, parse_openrlhf_args
 from mmrl.openrlhf.data import count_images, export_rows
 from mmrl.openrlhf.evaluation import set_spec
@@ -76,7 +77,8 @@ def openrlhf_latest(run_dir: Path) -> tuple[int, Path] | None:
 OPENRLHF_RUN = RunLayout(
     writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, "model", "tensorboard",
             WANDB_DIR, REHEARSAL_LOG_DIR),
-    unique=(), latest=openrlhf_latest, resumes_latest=True)  # DeepSpeed loads the tag its `latest` file names
+    unique=(), latest=openrlhf_latest, resumes_latest=True,  # DeepSpeed loads the tag its `latest` file names
+    removers=((ACTOR_CHECKPOINTS, remove_actor_checkpoints),))
 
 
 def run_files(cfg: TrainConfig) -> list[str]:

@@ -12,14 +12,18 @@ Before DeepSpeed joins its process group, rank 0 hosts the group's rendezvous st
 (:func:`host_rendezvous_store`): torch's own store would listen on every interface of the machine.
 
 A checkpoint (``--resume``) is read weights-only (:mod:`mmrl.openrlhf.checkpoint`): DeepSpeed's own loader unpickles.
+Old checkpoints are rotated out by removing their own files only (:func:`mmrl.openrlhf.checkpoint.rotate_tags`).
 
 The strategy object is created on the driver and pickled into every Ray actor, so these apply on every rank.
 """
 
 from __future__ import annotations
 
+import gc
+import math
 import os
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import deepspeed.ops
@@ -28,10 +32,11 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from openrlhf.models import Actor
 from openrlhf.utils.deepspeed import DeepspeedStrategy
+from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
 
 from mmrl import moe
 from mmrl.errors import UserError
-from mmrl.openrlhf.checkpoint import checkpoint_folder, weights_only_loading
+from mmrl.openrlhf.checkpoint import checkpoint_folder, rotate_tags, weights_only_loading
 from mmrl.openrlhf.network import bound_listener
 
 # torch's contract for a store someone else hosts: with it, the env:// rendezvous at MASTER_ADDR:MASTER_PORT makes
@@ -88,6 +93,19 @@ class MmrlDeepspeedStrategy(DeepspeedStrategy):
         spec = getattr(self.args, "mmrl", None) or {}
         prepare_policy(model.model if isinstance(model, Actor) else model, bool(spec.get("freeze_router")))
         return super()._ds_init_train_model(model, cfg)
+
+    def save_ckpt(self, model, save_dir, tag=None, max_num=3, max_mem=1000, client_state=None, save_latest=True,
+                  metric_value=None, metric_key=None):
+        """OpenRLHF's save, its rotation of old checkpoints replaced by :func:`rotate_tags`: OpenRLHF's removes whole
+        folders of ``save_dir``, any folder there a user made included."""
+        if self.is_rank_0():
+            os.makedirs(save_dir, exist_ok=True)
+            rotate_tags(Path(save_dir), tag, max_num, math.inf if max_mem is None else max_mem, self._read_ckpt_metric)
+        torch_dist_barrier_and_cuda_sync()
+        model.save_checkpoint(save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest)
+        if self.is_rank_0() and tag is not None:  # after the states, as OpenRLHF: a crash leaves no lone metric
+            self._write_ckpt_metric(os.path.join(save_dir, tag), metric_value, metric_key=metric_key)
+        gc.collect()
 
     def load_ckpt(self, model, load_dir, tag=None, **kwargs):
         with weights_only_loading(checkpoint_folder(load_dir, tag)):

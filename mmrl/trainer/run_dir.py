@@ -225,12 +225,19 @@ class RunLayout:
     directory's record does not name would be replaced, so a fresh run refuses to start over it. ``unique``: names a
     run makes unique itself (TensorBoard's event files), never in a new run's way. ``latest``: the newest checkpoint as
     (step, path), None without one. ``resumes_latest``: a resume always continues from that checkpoint, so the claim
-    can tell a finished run; otherwise (a damaged newest checkpoint is skipped) the trainer tells it once loaded."""
+    can tell a finished run; otherwise (a damaged newest checkpoint is skipped) the trainer tells it once loaded.
+    ``removers``: (pattern, remove) for recorded folders a user may keep files in (checkpoints): ``remove(folder)``
+    removes only the files the run's writers made, the folder too once that empties it, and returns (the names
+    removed, the names left); any other recorded folder is removed whole."""
 
     writes: tuple[str, ...]
     unique: tuple[str, ...]
     latest: Callable[[Path], tuple[int, Path] | None]
     resumes_latest: bool
+    removers: tuple[tuple[str, Callable[[Path], tuple[list[str], list[str]]]], ...] = ()
+
+    def remover(self, rel: str) -> Callable[[Path], tuple[list[str], list[str]]] | None:
+        return next((remove for pattern, remove in self.removers if fnmatch.fnmatchcase(rel, pattern)), None)
 
     def owned_on_resume(self, run_dir: Path, record: set[str]) -> tuple[str, ...]:
         """What a resume takes as its own beyond the record: the paths its backend writes (the run it continues)."""
@@ -259,8 +266,9 @@ def local_latest(run_dir: Path) -> tuple[int, Path] | None:
 
 LOCAL_RUN = RunLayout(
     writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", "samples.jsonl", "curves.png", "sft.jsonl", "wandb",
-            "wandb_run_id", "checkpoints/step_*"),
-    unique=(f"{RUN_FILE_PREFIXES[0]}*",), latest=local_latest, resumes_latest=False)
+            "wandb_run_id", CHECKPOINT_FOLDERS),
+    unique=(f"{RUN_FILE_PREFIXES[0]}*",), latest=local_latest, resumes_latest=False,
+    removers=((CHECKPOINT_FOLDERS, remove_checkpoint),))
 
 
 def read_record(run_dir: Path) -> set[str] | None:
@@ -321,8 +329,9 @@ class RunDir:
 
     def __init__(self, path: Path, lock: RunLock, changes: dict[str, tuple[Any, Any]], *,
                  record: set[str] | None = None, adopted: tuple[str, ...] = (), left: tuple[str, ...] = (),
-                 step: int = 0, created: tuple[Path, ...] = (), new_record: bool = False):
-        self.path, self.lock, self.changes = path, lock, changes
+                 step: int = 0, created: tuple[Path, ...] = (), new_record: bool = False,
+                 layout: RunLayout = LOCAL_RUN):
+        self.path, self.lock, self.changes, self.layout = path, lock, changes, layout
         self.step = step  # of the checkpoint a resume continues from (0 for a fresh run)
         self.files = set(record or ()) | set(adopted)  # what the record names once it is next written
         self.left = list(left)  # entries of the directory that no run of ours wrote
@@ -364,8 +373,9 @@ class RunDir:
             if not self._confined(rel):  # a folder on its way replaced by a link out of the run directory
                 self.left.append(rel)
                 continue
-            if target.is_dir() and not target.is_symlink() and fnmatch.fnmatchcase(rel, CHECKPOINT_FOLDERS):
-                gone, left = remove_checkpoint(target)
+            remove = self.layout.remover(rel)
+            if target.is_dir() and not target.is_symlink() and remove is not None:
+                gone, left = remove(target)
                 if left:  # the folder stays, with what the user put in it
                     self.left.extend(f"{rel}/{name}" for name in left)
                     removed.extend([rel] if gone else [])
@@ -545,7 +555,7 @@ def claim(cfg: TrainConfig, layout: RunLayout = LOCAL_RUN) -> RunDir:
         RunDir(run_dir, lock, {}, created=created).abandon()
         raise
     return RunDir(run_dir, lock, found["changes"], record=record, adopted=found["adopted"], left=found["left"],
-                  step=found["step"], created=created, new_record=record is None)
+                  step=found["step"], created=created, new_record=record is None, layout=layout)
 
 
 def run_owning(path: str | Path) -> Path | None:
