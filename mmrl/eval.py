@@ -28,6 +28,7 @@ from pathlib import Path
 
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
 from mmrl.errors import RunError, UserError
+from mmrl.files import atomic_write_text
 from mmrl.trainer.config import TrainConfig, load_yaml, resolve_config, validate
 from mmrl.trainer.run_dir import is_mmrl_config, run_owning, trained_task
 
@@ -115,6 +116,9 @@ def _main(argv: list[str] | None) -> None:
         check_output_file("--out", args.out, args.overwrite_out, "--overwrite-out")
     if args.save_samples:
         check_output_file("--save-samples", args.save_samples, args.overwrite_samples, "--overwrite-samples")
+    if args.out and args.save_samples and Path(args.out).resolve() == Path(args.save_samples).resolve():
+        raise UserError(f"--out and --save-samples both name {args.out!r}; the results would replace the samples: "
+                         f"give each its own file")
     given = cfg.model.name
     cfg.model.name, ckpt, state = model_from_run(given)  # before the task: a real base model gets its instruct chat
     task = build_task(cfg)
@@ -165,7 +169,7 @@ def _main(argv: list[str] | None) -> None:
     for key, value in rows:
         print(f"{key:<{width}}  {value:.4f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     if args.out:
-        write_results(args.out, result)
+        write_results(args.out, result, overwrite=args.overwrite_out)
 
 
 def check_output_file(flag: str, path: str, overwrite: bool, overwrite_flag: str) -> None:
@@ -193,15 +197,16 @@ def check_output_file(flag: str, path: str, overwrite: bool, overwrite_flag: str
                          f"({os.strerror(exc.errno) if exc.errno else exc})") from None
 
 
-def write_results(path: str, result: dict) -> None:
-    """The results as JSON, written atomically: a failed write leaves no half file and keeps a file it replaces."""
+def write_results(path: str, result: dict, overwrite: bool = False) -> None:
+    """The results as JSON, written atomically: a failed write leaves no half file and keeps a file it replaces. A
+    file that appeared at ``path`` during the evaluation is replaced only with ``overwrite`` (--overwrite-out)."""
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
     try:
-        tmp.write_text(json.dumps(result, indent=2))
-        os.replace(tmp, target)
+        atomic_write_text(target, json.dumps(result, indent=2), replace=overwrite)
+    except FileExistsError:
+        raise RunError(f"--out: {str(target)!r} appeared during the evaluation and was kept; the results are printed "
+                       f"above (pass --overwrite-out to replace the file)") from None
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise RunError(f"--out: cannot write {str(target)!r} ({os.strerror(exc.errno) if exc.errno else exc}); the "
                        f"results are printed above") from None
 

@@ -29,13 +29,15 @@ def is_temporary_of(name: str, target: str) -> bool:
     return len(middle) == 8 and all(c in "0123456789abcdef" for c in middle)
 
 
-def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8", *, replace: bool = True) -> Path:
     """Replace ``path`` with ``text`` atomically (temporary file in the same folder, fsync, ``os.replace``). The
-    file keeps its permissions; a new one gets the usual ones (0o666 less the umask)."""
-    return atomic_write_bytes(path, text.encode(encoding))
+    file keeps its permissions; a new one gets the usual ones (0o666 less the umask). With ``replace=False`` the
+    file must not exist (FileExistsError, and nothing is written): whatever appeared at ``path`` since a caller
+    checked it, a symlink included, stays as it is."""
+    return atomic_write_bytes(path, text.encode(encoding), replace=replace)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+def atomic_write_bytes(path: str | Path, data: bytes, *, replace: bool = True) -> Path:
     """`atomic_write_text` for bytes (a parquet table, an image)."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
@@ -45,10 +47,24 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o7777)
-        os.replace(tmp, target)
-    except BaseException:
+        if replace:
+            if target.exists():
+                os.chmod(tmp, target.stat().st_mode & 0o7777)
+            os.replace(tmp, target)
+        else:
+            _link_new(tmp, target, data)
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
     return target
+
+
+def _link_new(tmp: Path, target: Path, data: bytes) -> None:
+    """Give the written ``tmp`` the name ``target`` only if that name is free (a hard link fails on any existing
+    entry). A filesystem without hard links gets ``target`` created exclusively and written in place."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (EPERM, ENOTSUP on some network and FAT filesystems)
+        with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as out:
+            out.write(data)

@@ -106,5 +106,9 @@ def write_samples(path: str | Path, records: list[dict[str, Any]], overwrite: bo
     if target.is_dir():
         raise UserError(f"--save-samples: {str(target)!r} is a directory; name a file")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text("".join(_dumps(r) + "\n" for r in records))
+    try:  # a file that appeared there since the check is kept unless overwrite
+        atomic_write_text(target, "".join(_dumps(r) + "\n" for r in records), replace=overwrite)
+    except FileExistsError:
+        raise UserError(f"--save-samples: {str(target)!r} appeared while the samples were drawn and was kept; pass "
+                         f"--overwrite-samples to replace it") from None
     return target

@@ -65,3 +65,16 @@ def test_a_temporary_left_by_a_killed_rewrite_is_recognised_by_its_name(tmp_path
     assert is_temporary_of(".config.json.0a1b2c3d.tmp", "config.json")
     assert not is_temporary_of(".config.json.tmp", "config.json")
     assert not is_temporary_of(".config.json.0a1b2c3d.tmp", "metrics.jsonl")
+
+
+def test_an_exclusive_write_keeps_whatever_is_already_there(tmp_path):
+    from mmrl.files import atomic_write_text
+
+    atomic_write_text(tmp_path / "new.txt", "written", replace=False)
+    assert (tmp_path / "new.txt").read_text() == "written"
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere.txt")
+    for name in ("new.txt", "dangling"):
+        with pytest.raises(FileExistsError):
+            atomic_write_text(tmp_path / name, "again", replace=False)
+    assert (tmp_path / "new.txt").read_text() == "written" and not (tmp_path / "nowhere.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "new.txt"]  # no temporary file left

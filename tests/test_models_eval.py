@@ -116,6 +116,8 @@ def test_eval_out_is_checked_before_the_evaluation(tmp_path, capsys, no_evaluati
         "is one of the files of the mmrl run": ["--out", str(run / "config.json"), "--overwrite-out"],
         "cannot write into '/proc'": ["--out", "/proc/eval.json"],
         "--save-samples: ": ["--save-samples", str(run / "samples.jsonl"), "--overwrite-samples"],
+        "--out and --save-samples both name": ["--out", str(tmp_path / "same.json"), "--save-samples",
+                                               str(tmp_path / "." / "same.json")],
     }
     for message, flags in cases.items():
         assert main(flags) == 2, message
@@ -133,8 +135,21 @@ def test_eval_results_that_cannot_be_written_are_one_line(tmp_path):
     from mmrl.eval import write_results
 
     (tmp_path / "eval.json").write_text('{"earlier": 1}')
-    write_results(str(tmp_path / "eval.json"), {"pass@1": 0.5})
+    write_results(str(tmp_path / "eval.json"), {"pass@1": 0.5}, overwrite=True)
     assert json.loads((tmp_path / "eval.json").read_text()) == {"pass@1": 0.5}
+    # a file that appeared at --out during the evaluation (checked free at start) is kept without --overwrite-out
+    (tmp_path / "eval.json").write_text('{"a second evaluation": 1}')
+    with pytest.raises(RunError, match=r"appeared during the evaluation and was kept; the results are printed above"):
+        write_results(str(tmp_path / "eval.json"), {"pass@1": 0.5})
+    assert json.loads((tmp_path / "eval.json").read_text()) == {"a second evaluation": 1}
+    # nor does a link there lead the write elsewhere, whatever temporary name it has
+    (tmp_path / "elsewhere.txt").write_text("mine")
+    for name in ("new.json", ".new.json.tmp"):
+        (tmp_path / name).symlink_to(tmp_path / "elsewhere.txt")
+    with pytest.raises(RunError, match="appeared during the evaluation"):
+        write_results(str(tmp_path / "new.json"), {"pass@1": 0.5})
+    write_results(str(tmp_path / "other.json"), {"pass@1": 0.5})
+    assert (tmp_path / "elsewhere.txt").read_text() == "mine" and (tmp_path / ".new.json.tmp").is_symlink()
     with pytest.raises(RunError, match=r"--out: cannot write .* \(No such file or directory\); the results are "
                                        r"printed above"):
         write_results(str(tmp_path / "gone" / "eval.json"), {"pass@1": 0.5})

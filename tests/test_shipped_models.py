@@ -138,6 +138,25 @@ def test_ship_copies_a_model_and_records_it(tmp_path):
     assert file_sha256(weights / "tiny-test-v1" / "model.safetensors") == entry["files"]["model.safetensors"]
 
 
+def test_ship_replaces_only_a_folder_the_manifest_gives_the_model(tmp_path):
+    """``--version`` names one folder of the weights folder; ``--replace`` removes nothing the manifest does not
+    list as that model's."""
+    source = tmp_path / "built"
+    shutil.copytree(WEIGHTS_DIR / MANIFEST[EMBEDDED_NAME]["dir"], source)
+    weights = tmp_path / "pkg" / "weights"
+    ship_files("embedded:tiny-test", source, "tiny-test-v1", "python make.py", weights_dir=weights)
+    (tmp_path / "pkg" / "notes.txt").write_text("mine")
+    (weights / "mine").mkdir()
+    (weights / "mine" / "todo.txt").write_text("mine too")
+    for version in (".", "..", "../pkg", "a/b", "", "-x"):
+        with pytest.raises(ValueError, match="--version: .* is not a folder name"):
+            ship_files("embedded:tiny-test", source, version, "python make.py", replace=True, weights_dir=weights)
+    with pytest.raises(ValueError, match="manifest names it no model's folder"):
+        ship_files("embedded:tiny-test", source, "mine", "python make.py", replace=True, weights_dir=weights)
+    assert (tmp_path / "pkg" / "notes.txt").is_file() and (weights / "mine" / "todo.txt").is_file()
+    assert shipped_model("embedded:tiny-test", weights) == weights / "tiny-test-v1"
+
+
 def test_the_skill_of_a_warm_start_is_its_greedy_held_out_evaluations(tmp_path):
     record = tmp_path / "warm_start.json"
     final = {"valid_seen/greedy": {"pass@1": 0.25}, "valid_seen/sampled": {"pass@1": 0.1},

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -36,6 +37,7 @@ from pathlib import Path
 from mmrl.cache import EMBEDDED_VERSIONS, RECIPE_VERSIONS
 from mmrl.cli import OneLineParser, run_cli
 from mmrl.errors import RunError, UserError
+from mmrl.files import atomic_write_text
 from mmrl.models.embedded import BUILD_RECORD
 from mmrl.models.shipped import MANIFEST_NAME, WEIGHTS_DIR, file_sha256, read_manifest
 
@@ -46,9 +48,8 @@ MANIFEST_FORMAT = 1
 def write_manifest(manifest: dict, weights_dir: Path) -> None:
     """Written beside and renamed over the old one: a reader sees the old manifest or the new, never half."""
     weights_dir.mkdir(parents=True, exist_ok=True)
-    tmp = weights_dir / f".{MANIFEST_NAME}.tmp"
-    tmp.write_text(json.dumps({"format": MANIFEST_FORMAT, **manifest}, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, weights_dir / MANIFEST_NAME)
+    atomic_write_text(weights_dir / MANIFEST_NAME,
+                      json.dumps({"format": MANIFEST_FORMAT, **manifest}, indent=1, sort_keys=True) + "\n")
 
 
 def build_record(source: Path) -> dict:
@@ -88,6 +89,9 @@ def ship_files(name: str, source: Path, version: str, command: str, replace: boo
     """Copy ``source``'s model files into ``weights_dir/version`` and record them in the manifest; the entry."""
     if not name.startswith("embedded:"):
         raise UserError(f"model: a shipped model's name starts with 'embedded:', got {name!r}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", version):
+        raise UserError(f"--version: {version!r} is not a folder name (letters, digits, '.', '_' and '-', starting "
+                         f"with a letter or digit)")
     manifest = read_manifest(weights_dir)
     models = manifest["models"]
     target = weights_dir / version
@@ -96,6 +100,9 @@ def ship_files(name: str, source: Path, version: str, command: str, replace: boo
         raise UserError(f"--version: {version} is the folder of {others[0]}; give {name} its own")
     if (name in models or target.exists()) and not replace:
         raise UserError(f"model: {name} is already shipped ({target}); pass --replace to replace it")
+    if os.path.lexists(target) and models.get(name, {}).get("dir") != version:  # --replace removes only its own
+        raise UserError(f"--version: {target} exists and the manifest names it no model's folder; move it away or "
+                         f"give another --version")
     files = model_files(source)
     weights_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=weights_dir, prefix=f".shipping-{version}-"))
