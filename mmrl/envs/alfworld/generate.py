@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 from mmrl.envs.alfworld.pddl import problem_text, task_description, traj_data, trial_dir_name
@@ -114,13 +117,14 @@ def generate_games(out: Path, *, n_per_type: int = 4, n_eval_per_type: int = 1, 
                                      n_receptacles=n_receptacles, n_distractors=n_distractors)
                 paths.append(path)
                 if progress:
-                    print(f"[{len(paths)}] {path}", flush=True)
+                    print(f"[{len(paths)}] {path.relative_to(out)}", flush=True)
     return paths
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def _main(argv: list[str] | None) -> None:
+    from mmrl.cli import OneLineParser  # here: importing mmrl.cli imports torch, which an env module never does
+
+    parser = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="output root (json_2.1.1/ is created inside)")
     parser.add_argument("--n-per-type", type=int, default=4, help="train games per task type")
     parser.add_argument("--n-eval-per-type", type=int, default=1, help="valid_seen and valid_unseen games per type")
@@ -139,11 +143,29 @@ def main(argv: list[str] | None = None) -> None:
         task_types = tuple(official_task_type(t) for t in args.task_types)
     except ValueError as err:
         parser.error(str(err))
-    paths = generate_games(args.out, n_per_type=args.n_per_type, n_eval_per_type=args.n_eval_per_type,
-                           seed=args.seed, task_types=task_types, n_receptacles=args.receptacles,
-                           n_distractors=args.distractors, progress=True)
-    print(f"wrote {len(paths)} games under {args.out / 'json_2.1.1'}")
+    target = args.out / "json_2.1.1"
+    if os.path.lexists(target):  # its games may be edited, or of other settings: never written into or mixed
+        parser.error(f"--out: {target} already exists; choose another --out or move it away")
+    # built in a folder of its own beside the target and renamed into place: an interrupted run leaves no half set
+    args.out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=args.out, prefix=".generating-"))
+    try:
+        paths = generate_games(tmp, n_per_type=args.n_per_type, n_eval_per_type=args.n_eval_per_type,
+                               seed=args.seed, task_types=task_types, n_receptacles=args.receptacles,
+                               n_distractors=args.distractors, progress=True)
+        (tmp / "json_2.1.1").mkdir(exist_ok=True)  # no games asked for: still the (empty) layout
+        os.rename(tmp / "json_2.1.1", target)  # fails on a folder made there meanwhile unless it is empty
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"wrote {len(paths)} games under {target}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Bad arguments, and an ``--out`` that holds games already, end as one line and exit code 2."""
+    from mmrl.cli import run_cli
+
+    return run_cli(_main, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
