@@ -103,6 +103,11 @@ def convert_run(run_dir: Path) -> list[Path]:
     if not root.is_dir():
         raise UserError(f"{run_dir} has no checkpoints folder; is it a run directory of mmrl.train?")
     todo = [f for f in sorted(root.glob("step_*")) if (f / LEGACY_STATE).is_file() and not (f / STATE).exists()]
+    for folder in todo:  # an older mmrl wrote state.pt and state.sha256 only: files of today's names are someone's
+        taken = [folder / name for name in (TENSORS, DIGEST) if os.path.lexists(folder / name)]
+        if taken:
+            raise UserError(f"{taken[0]} is not an older mmrl checkpoint's file and the conversion would replace it; "
+                             f"move it away first (nothing was converted)")
     for folder in todo:
         convert_folder(folder)
         log.info("converted %s", folder)
