@@ -79,6 +79,11 @@ def test_wandb_logs_offline_with_the_run_config(tmp_path, embedded_model_dir, sm
     assert b"SEKRET-123" not in data
     for key in scalars(read_metrics(trainer.run_dir / "metrics.jsonl")[0]):
         assert key.encode() in data, key
+    # a fresh run over this one removes W&B's run folders and links, and keeps a user's file beside them
+    (trainer.run_dir / "wandb" / "my-notes.txt").write_text("mine")
+    build_trainer(small_config(tmp_path, **{"run.steps": 1, "run.eval_every": 0, "run.overwrite": True})).run()
+    assert [p.name for p in (trainer.run_dir / "wandb").iterdir()] == ["my-notes.txt"]
+    assert not (trainer.run_dir / "wandb_run_id").exists()
 
 
 def test_openrlhf_gets_the_same_logger_choices():

@@ -47,7 +47,7 @@ from mmrl.openrlhf.reward import reward_file_text
 from mmrl.trainer.build import build_algorithm, build_task
 from mmrl.trainer.config import TrainConfig, validate
 from mmrl.trainer.eval_sets import build_eval_sets
-from mmrl.trainer.loggers import WANDB_DIR, wandb_mode
+from mmrl.trainer.loggers import WANDB_DIR, remove_wandb_files, wandb_mode
 from mmrl.trainer.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, claim, inspect
 
 log = logging.getLogger("mmrl.openrlhf")
@@ -78,7 +78,7 @@ OPENRLHF_RUN = RunLayout(
     writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, "model", "tensorboard",
             WANDB_DIR, REHEARSAL_LOG_DIR),
     unique=(), latest=openrlhf_latest, resumes_latest=True,  # DeepSpeed loads the tag its `latest` file names
-    removers=((ACTOR_CHECKPOINTS, remove_actor_checkpoints),))
+    removers=((ACTOR_CHECKPOINTS, remove_actor_checkpoints), (WANDB_DIR, remove_wandb_files)))
 
 
 def run_files(cfg: TrainConfig) -> list[str]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,30 @@ EVENT_FILE_PREFIX = "events.out.tfevents."
 WANDB_ID_FILE = "wandb_run_id"  # in the run dir: --resume continues the same W&B run
 WANDB_DIR = "wandb"  # W&B's own files, under the run dir (wandb.init(dir=run_dir))
 OPENRLHF_WANDB_KEY = "existing-login-or-offline"  # see openrlhf_flags: OpenRLHF switches W&B on by a key
+
+
+# What W&B writes into its folder: a folder per run (run-<time>-<id>, offline-run-<time>-<id>), and links to the
+# newest run and to its two logs.
+WANDB_RUN_FOLDER = re.compile(r"(offline-)?run-\d{8}_\d{6}-[0-9a-z]+")
+WANDB_LINKS = ("latest-run", "debug.log", "debug-internal.log")
+
+
+def remove_wandb_files(folder: Path) -> tuple[list[str], list[str]]:
+    """Remove what W&B wrote into a run's ``wandb/`` folder (its run folders and links), then the folder if that
+    empties it. Returns (the names removed, the names left: whatever else the folder holds)."""
+    removed = []
+    for child in sorted(folder.iterdir()):
+        if WANDB_RUN_FOLDER.fullmatch(child.name) and child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        elif child.name in WANDB_LINKS and child.is_symlink():
+            child.unlink()
+        else:
+            continue
+        removed.append(child.name)
+    left = sorted(os.listdir(folder))
+    if not left:
+        folder.rmdir()
+    return removed, left
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:

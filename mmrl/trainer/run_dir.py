@@ -39,6 +39,7 @@ from mmrl.errors import UserError
 from mmrl.files import atomic_write_text, is_temporary_of
 from mmrl.trainer.checkpoint import latest_checkpoint, remove_checkpoint, remove_partial_writes
 from mmrl.trainer.config import TrainConfig, saved_overrides
+from mmrl.trainer.loggers import WANDB_DIR, remove_wandb_files
 from mmrl.trainer.masking import masked_config
 
 log = logging.getLogger("mmrl")
@@ -268,7 +269,7 @@ LOCAL_RUN = RunLayout(
     writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", "samples.jsonl", "curves.png", "sft.jsonl", "wandb",
             "wandb_run_id", CHECKPOINT_FOLDERS),
     unique=(f"{RUN_FILE_PREFIXES[0]}*",), latest=local_latest, resumes_latest=False,
-    removers=((CHECKPOINT_FOLDERS, remove_checkpoint),))
+    removers=((CHECKPOINT_FOLDERS, remove_checkpoint), (WANDB_DIR, remove_wandb_files)))
 
 
 def read_record(run_dir: Path) -> set[str] | None:
