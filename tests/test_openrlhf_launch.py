@@ -266,8 +266,8 @@ def test_overwrite_replaces_only_what_the_run_wrote(tmp_path, embedded_model_dir
 
 
 def test_overwrite_keeps_a_users_files_among_the_policy_checkpoints(tmp_path, embedded_model_dir, caplog):
-    """Only what DeepSpeed, OpenRLHF and mmrl write in ``checkpoints/_actor`` goes; a user's folder beside the tags
-    and a file inside one stay (and are named), and the next overwrite keeps them too."""
+    """Only what DeepSpeed, OpenRLHF and mmrl write in ``checkpoints/_actor`` and ``model/`` goes; a user's folder
+    beside the tags, a file inside one and a model card stay (and are named), and the next overwrite keeps them too."""
     out = tmp_path / "run"
     _, owner = prepare(openrlhf_cfg(out))
     owner.lock.release()
@@ -279,13 +279,20 @@ def test_overwrite_keeps_a_users_files_among_the_policy_checkpoints(tmp_path, em
     (actor / "global_step3" / "eval.json").write_text("mine")
     (actor / "analysis").mkdir()
     (actor / "analysis" / "plot.txt").write_text("mine too")
+    # the final model as OpenRLHF saves it (the files of a rehearsal run's model/), and a model card of the user's
+    (out / "model").mkdir()
+    for name in ("chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
+                 "tokenizer.json", "tokenizer_config.json", "README.md"):
+        (out / "model" / name).write_text("x")
     for _ in range(2):
         with caplog.at_level(logging.WARNING, logger="mmrl"):
             _, owner = prepare(openrlhf_cfg(out, "--run.overwrite", "true"))
         owner.lock.release()
         assert sorted(p.relative_to(actor).as_posix() for p in actor.rglob("*")) == [
             "analysis", "analysis/plot.txt", "global_step3", "global_step3/eval.json"]
+        assert [p.name for p in (out / "model").iterdir()] == ["README.md"]
         assert all(f"checkpoints/_actor/{name}" in caplog.text for name in ("analysis", "global_step3/eval.json"))
+        assert "model/README.md" in caplog.text
 
 
 def test_dry_run_prints_the_launch_and_writes_nothing(tmp_path, capsys, embedded_model_dir):

@@ -209,3 +209,26 @@ def rotate_tags(save_dir: Path, tag: str | None, max_num: int, max_mem_gb: float
         if left:
             log.warning("checkpoint %s: removed its states; left %s (not written by the run)", victim, ", ".join(left))
     return doomed
+
+
+# What OpenRLHF's final save (``DeepspeedStrategy.save_model``: the model's and its tokenizer's ``save_pretrained``)
+# writes into ``ckpt.output_dir``: weights (one file, or shards and their index; LoRA adapters), configs, tokenizer and
+# processor files.
+SAVED_MODEL_FILES = re.compile(
+    r"model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json|adapter_(model\.(safetensors|bin)|config"
+    r"\.json)|(generation_|processor_|preprocessor_|video_preprocessor_)?config\.json|tokenizer(_config)?\.json|"
+    r"tokenizer\.model|special_tokens_map\.json|added_tokens\.json|vocab\.json|merges\.txt|chat_template\.(jinja|json)")
+
+
+def remove_saved_model(folder: Path) -> tuple[list[str], list[str]]:
+    """Remove the files OpenRLHF's final save wrote in ``folder`` (the run's ``model/``, ``--run.overwrite``), then the
+    folder if that empties it. Returns (the names removed, the names left: a model card of the user's, ...)."""
+    removed = []
+    for child in sorted(folder.iterdir()):
+        if SAVED_MODEL_FILES.fullmatch(child.name) and _is_file(child):
+            child.unlink()
+            removed.append(child.name)
+    left = sorted(os.listdir(folder))
+    if not left:
+        folder.rmdir()
+    return removed, left

@@ -35,7 +35,7 @@ from mmrl.openrlhf.args import (
     to_argv,
     unmasked_extra,
 )
-from mmrl.openrlhf.checkpoint import remove_actor_checkpoints
+from mmrl.openrlhf.checkpoint import remove_actor_checkpoints, remove_saved_model
 from mmrl.openrlhf.cli import check_supported, parse_openrlhf_args
 from mmrl.openrlhf.data import count_images, export_rows
 from mmrl.openrlhf.evaluation import set_spec
@@ -55,6 +55,7 @@ log = logging.getLogger("mmrl.openrlhf")
 AGENT_MODULES = {"alfworld": "mmrl.envs.adapters.openrlhf_agent"}  # multi-turn tasks: their AgentExecutor file
 TURN_AGENT_MODULE = "mmrl.openrlhf.turn_agent"  # rollout.agent_layout turn: every env step its own row
 FILES_DIR = "openrlhf"  # the prompt files and reward_func file, under the run directory
+MODEL_DIR = "model"  # the final model, saved by OpenRLHF (args.ckpt.output_dir)
 ACTOR_CHECKPOINTS = "checkpoints/_actor"  # OpenRLHF's DeepSpeed checkpoints of the policy (args.ckpt.path/_actor)
 
 
@@ -75,15 +76,16 @@ def openrlhf_latest(run_dir: Path) -> tuple[int, Path] | None:
 # What an openrlhf-backend run writes into its directory: the driver's config and prompt files, the actors'
 # metrics.jsonl and checkpoints, the final model, the loggers' folders and a rehearsal's records.
 OPENRLHF_RUN = RunLayout(
-    writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, "model", "tensorboard",
+    writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, MODEL_DIR, "tensorboard",
             WANDB_DIR, REHEARSAL_LOG_DIR),
     unique=(), latest=openrlhf_latest, resumes_latest=True,  # DeepSpeed loads the tag its `latest` file names
-    removers=((ACTOR_CHECKPOINTS, remove_actor_checkpoints), (WANDB_DIR, remove_wandb_files)))
+    removers=((ACTOR_CHECKPOINTS, remove_actor_checkpoints), (MODEL_DIR, remove_saved_model),
+              (WANDB_DIR, remove_wandb_files)))
 
 
 def run_files(cfg: TrainConfig) -> list[str]:
     """What this run writes (beside config.json), recorded before the actors write it."""
-    return ["metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, "model", *(["tensorboard"] if cfg.run.tensorboard else []),
+    return ["metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, MODEL_DIR, *(["tensorboard"] if cfg.run.tensorboard else []),
             *([WANDB_DIR] if cfg.run.wandb else []), *([REHEARSAL_LOG_DIR] if cfg.cluster.rehearsal else [])]
 
 
