@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from mmrl.openrlhf.args import LaunchInputs, build_flags, to_argv
@@ -99,6 +101,37 @@ def test_openrlhf_gets_the_same_logger_choices():
     assert args.logger.tensorboard_dir == "/runs/x/tensorboard"
     assert (args.logger.wandb.project, args.logger.wandb.run_name) == ("proj", "x")
     assert args.logger.wandb.key == OPENRLHF_WANDB_KEY  # a marker, never a real key (see openrlhf_flags)
+
+
+def test_a_wandb_key_given_as_a_flag_never_reaches_the_openrlhf_run_config(tmp_path, monkeypatch):
+    """OpenRLHF's W&B logger records every argument as the run's config; the key given in ``cluster.extra`` moves
+    into WANDB_API_KEY of the trainer's process first, and the config holds ``***``."""
+    pytest.importorskip("wandb")
+    from openrlhf.utils.logging_utils import WandbLogger
+
+    from mmrl.openrlhf.args import hide_wandb_key, merge_extra
+    from mmrl.openrlhf.cli import parse_openrlhf_args
+
+    for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_DIR", str(tmp_path))):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    inputs = LaunchInputs("m", "train.jsonl", "", "reward.py", "", train_rows=40)
+    cfg = parse_config(["--backend", "openrlhf", "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
+                        "--rollout.prompts_per_step", "4", "--run.wandb", "proj"])
+    flags = merge_extra(build_flags(cfg, inputs, 0.0, str(tmp_path / "run")), {"logger.wandb.key": "SEKRET-123"})
+    args, _ = parse_openrlhf_args(to_argv(flags))
+    assert args.logger.wandb.key == "SEKRET-123"
+    hide_wandb_key(args)
+    assert args.logger.wandb.key == "***" and os.environ["WANDB_API_KEY"] == "SEKRET-123"
+    logger = WandbLogger(args)  # OpenRLHF's own, as its PPOTrainer builds it
+    logger.handle.finish()
+    import wandb
+
+    wandb.teardown()
+    data = b"".join(f.read_bytes() for f in tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    assert b"proj" in data and b"SEKRET-123" not in data
+    hide_wandb_key(args)  # again (a restarted actor): nothing changes
+    assert args.logger.wandb.key == "***" and os.environ["WANDB_API_KEY"] == "SEKRET-123"
 
 
 def test_a_one_step_run_still_gets_its_curves(tmp_path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from mmrl.algos import Algorithm
 from mmrl.errors import UserError
 from mmrl.models.lora import parse_targets
 from mmrl.trainer.config import TrainConfig
-from mmrl.trainer.loggers import openrlhf_flags
+from mmrl.trainer.loggers import OPENRLHF_WANDB_KEY, openrlhf_flags
 from mmrl.trainer.masking import MASK, SECRET_ENV, is_secret
 from mmrl.trainer.schedule import transformers_name
 
@@ -248,6 +249,18 @@ def secret_warnings(extra: dict[str, Any]) -> list[str]:
                          f"but a flag's value can still be seen by other users of this machine: set it in "
                          f"{env} instead")
     return lines
+
+
+def hide_wandb_key(args: Any) -> None:
+    """In the process that builds OpenRLHF's W&B logger: a W&B key given as ``logger.wandb.key`` moves into this
+    process's ``WANDB_API_KEY`` (unless that is set already, which W&B would use first anyway) and the argument becomes
+    ``***``. OpenRLHF's logger records every argument as the W&B run's config: the key would be stored with the run,
+    on W&B's servers and in its offline files. W&B reads the variable, so OpenRLHF's own login is not needed."""
+    key = args.logger.wandb.key
+    if not key or key in (OPENRLHF_WANDB_KEY, MASK):
+        return
+    os.environ.setdefault(SECRET_ENV["logger.wandb.key"], key)
+    args.logger.wandb.key = MASK
 
 
 def mask_argv(argv: list[str]) -> list[str]:

@@ -20,6 +20,7 @@ from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.trainer.ppo_utils.experience import Experience
 
 import mmrl.algos as algos
+from mmrl.openrlhf.args import hide_wandb_key
 from mmrl.openrlhf.checkpoint import ACTOR_DIR, checkpoint_folder
 from mmrl.openrlhf.evaluation import average, set_generate_kwargs, set_metrics
 from mmrl.openrlhf.experience import MmrlExperienceMaker
@@ -31,6 +32,7 @@ from mmrl.openrlhf.sampling import MmrlSamplesGenerator
 class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                  reference_model_group, vllm_engines, **generate_kwargs) -> None:
+        hide_wandb_key(strategy.args)  # before OpenRLHF's __init__ records the arguments as the W&B config
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
         spec = strategy.args.mmrl
