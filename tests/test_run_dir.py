@@ -304,6 +304,20 @@ def test_an_out_others_can_write_is_refused(tmp_path, mode, who):
     assert (shared / "run").stat().st_mode & 0o777 == 0o755
 
 
+@pytest.mark.parametrize("umask,mode", [(0o000, 0o755), (0o002, 0o755), (0o077, 0o700)])
+def test_folders_a_run_creates_are_writable_by_its_user_alone(tmp_path, umask, mode):
+    """Whatever the umask: the run's folder and the folders created above it get no group or other write bit (others
+    could replace the run's files), and a stricter umask stays as strict."""
+    previous = os.umask(umask)
+    try:
+        owner = claim(parse_config(["--out", str(tmp_path / "a" / "b" / "run")]))
+    finally:
+        os.umask(previous)
+    owner.lock.release()
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "run"):
+        assert folder.stat().st_mode & 0o777 == mode, folder
+
+
 def test_the_shared_tmp_itself_is_refused():
     with pytest.raises(ValueError, match="can be written by every user"):
         claim(parse_config(["--out", tempfile.gettempdir()]))

@@ -536,7 +536,9 @@ def claim(cfg: TrainConfig, layout: RunLayout = LOCAL_RUN) -> RunDir:
     record = _check_not_foreign(cfg)
     created = tuple(p for p in (run_dir, *run_dir.parents) if not os.path.lexists(p))
     try:
-        run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)  # not writable by others, whatever the umask
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for folder in created:  # no group or other write bit, whatever the umask: others could replace the files
+            os.chmod(folder, stat.S_IMODE(folder.stat().st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
     except OSError as exc:
         raise UserError(f"run.out_dir {run_dir} cannot be created ({os.strerror(exc.errno) if exc.errno else exc})"
                          ) from None
