@@ -356,6 +356,23 @@ def test_gpg_geoqa_script_derives_the_batch_from_gpus(gpus, rows, prompts, steps
     assert (recipe.rollout.prompts_per_step, recipe.run.steps, recipe.cluster.gpus_per_node) == (4, 2000, 2)
 
 
+def test_gpg_geoqa_script_on_two_nodes_takes_launch_shs_layout():
+    """With NODES=2 the script leaves the layout to launch.sh (GPUS GPUs per node, an engine on every GPU of the
+    cluster); its own one-node engine count used to override launch.sh's and the launch was refused."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**{k: v for k, v in os.environ.items() if k not in ("ROWS", "GPUS_PER_NODE")},
+           "PYTHON": sys.executable, "NODES": "2", "GPUS": "8", "DRY_RUN": "1"}
+    proc = subprocess.run(["bash", str(CLUSTER / "gpg_geoqa_qwen2.5-vl-3b.sh"), "--print-config"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = json.loads(proc.stdout)
+    assert [cfg["cluster"][k] for k in ("nodes", "gpus_per_node", "vllm_engines")] == [2, 8, 16]
+    assert (cfg["rollout"]["prompts_per_step"], cfg["run"]["steps"]) == (16, 500)
+
+
 BASELINES = {"grpo_geoqa_qwen2.5-vl-3b": "gpg_geoqa_qwen2.5-vl-3b",
              "grpo_math_qwen2.5-math-7b": "gvpo_math_qwen2.5-math-7b",
              "grpo_openrs_r1-distill-qwen-1.5b": "cw_grpo_openrs_r1-distill-qwen-1.5b",

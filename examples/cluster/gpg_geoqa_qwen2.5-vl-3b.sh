@@ -16,5 +16,11 @@ gpus=${GPUS:-2}
 rows=${ROWS:-8000}
 prompts=$(( 1 * 2 * gpus ))
 steps=$(( rows / prompts ))
-exec bash "$here/launch.sh" "${RECIPE:-$here/gpg_geoqa_qwen2.5-vl-3b.yaml}" --cluster.gpus_per_node "$gpus" \
-    --cluster.vllm_engines "$gpus" --rollout.prompts_per_step "$prompts" --run.steps "$steps" "$@"
+# one node: GPUS GPUs, an engine on each; with NODES > 1, launch.sh lays out the nodes of GPUS GPUs each
+layout=(--cluster.gpus_per_node "$gpus" --cluster.vllm_engines "$gpus")
+if (( ${NODES:-1} > 1 )); then
+    layout=()
+    export GPUS_PER_NODE=$gpus
+fi
+exec bash "$here/launch.sh" "${RECIPE:-$here/gpg_geoqa_qwen2.5-vl-3b.yaml}" ${layout[@]+"${layout[@]}"} \
+    --rollout.prompts_per_step "$prompts" --run.steps "$steps" "$@"

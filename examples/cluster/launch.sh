@@ -31,14 +31,19 @@ if (( nodes > 1 )); then
         | "$python" -c "import json, sys; print(json.load(sys.stdin)['cluster']['vllm_tensor_parallel_size'])")
     engines=$(( nodes * gpus_per_node / tp ))
     if [[ ${DRY_RUN:-0} != 1 ]]; then
-        # Fail here, in one line, rather than with actors that never schedule: the cluster must have the GPUs.
-        "$python" - "$nodes" "$gpus_per_node" <<'PY'
+        # Fail here, in one line, rather than with actors that never schedule: the cluster must have the GPUs. Ray
+        # waits for a cluster that a stale session file names, so the check has a time limit.
+        rc=0
+        timeout "${RAY_CHECK_TIMEOUT:-60}" "$python" - "$nodes" "$gpus_per_node" <<'PY' || rc=$?
 import sys
 
 import ray
 
 nodes, per_node = int(sys.argv[1]), int(sys.argv[2])
-ray.init(address="auto", logging_level="ERROR")
+try:
+    ray.init(address="auto", logging_level="ERROR")
+except ConnectionError as exc:
+    sys.exit(f"no Ray cluster to join ({exc}); ray start on every node first: docs/cluster.md")
 gpus = int(ray.cluster_resources().get("GPU", 0))
 alive = sum(1 for n in ray.nodes() if n["Alive"])
 ray.shutdown()
@@ -47,6 +52,13 @@ if gpus < nodes * per_node:
              f"{nodes * per_node} (ray start on every node first: docs/cluster.md)")
 print(f"Ray cluster: {alive} nodes, {gpus} GPUs")
 PY
+        if (( rc == 124 )); then
+            echo "no Ray cluster answered within ${RAY_CHECK_TIMEOUT:-60} s (ray start on every node first:" \
+                "docs/cluster.md)" >&2
+        fi
+        if (( rc != 0 )); then
+            exit "$rc"
+        fi
     fi
     extra+=(--cluster.ray_address auto --cluster.nodes "$nodes" --cluster.gpus_per_node "$gpus_per_node"
             --cluster.vllm_engines "$engines")
