@@ -85,11 +85,19 @@ def read_legacy(path: Path) -> dict[str, Any]:
 
 
 def convert_folder(folder: Path) -> None:
-    """Write today's files for ``folder/state.pt``; ``state.json``, whose presence marks the format, comes last."""
+    """Write today's files for ``folder/state.pt``; ``state.json``, whose presence marks the format, comes last. A
+    file of today's names already there is replaced only when it holds what the conversion writes (a conversion
+    killed before its ``state.json``): an older mmrl never wrote those names, so any other is someone's."""
     state = read_legacy(folder / LEGACY_STATE)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=PARTIAL_PREFIX))  # removed at the next start if left
     try:
         write_state(tmp, state)
+        for name in (TENSORS, DIGEST):
+            there = folder / name
+            if os.path.lexists(there) and (there.is_symlink() or not there.is_file()
+                                           or file_sha256(there) != file_sha256(tmp / name)):
+                raise UserError(f"{there} is not an older mmrl checkpoint's file and the conversion would replace "
+                                 f"it; move it away first ({folder} was not converted)")
         for name in (TENSORS, DIGEST, STATE):
             os.replace(tmp / name, folder / name)
     finally:
@@ -103,11 +111,6 @@ def convert_run(run_dir: Path) -> list[Path]:
     if not root.is_dir():
         raise UserError(f"{run_dir} has no checkpoints folder; is it a run directory of mmrl.train?")
     todo = [f for f in sorted(root.glob("step_*")) if (f / LEGACY_STATE).is_file() and not (f / STATE).exists()]
-    for folder in todo:  # an older mmrl wrote state.pt and state.sha256 only: files of today's names are someone's
-        taken = [folder / name for name in (TENSORS, DIGEST) if os.path.lexists(folder / name)]
-        if taken:
-            raise UserError(f"{taken[0]} is not an older mmrl checkpoint's file and the conversion would replace it; "
-                             f"move it away first (nothing was converted)")
     for folder in todo:
         convert_folder(folder)
         log.info("converted %s", folder)

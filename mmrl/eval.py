@@ -161,15 +161,22 @@ def _main(argv: list[str] | None) -> None:
         result["average"] = sum(result[s.name][s.config.metric] for s in sets) / len(sets)
     else:
         result.update(run_on(task, run.eval_samples, run.eval_temperature, 1.0, r.max_new_tokens))
-    if args.save_samples:
-        write_samples(args.save_samples, group_records(saved), overwrite=args.overwrite_samples)
     rows = [(f"{name}/{k}", v) for name, part in result.items() if isinstance(part, dict) for k, v in part.items()]
     rows = [(k, v) for k, v in result.items() if not isinstance(v, dict)] + rows
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value:.4f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    # the results are printed first and each file is tried whatever became of the other: no failed write loses them
+    failed = None
     if args.out:
-        write_results(args.out, result, overwrite=args.overwrite_out)
+        try:
+            write_results(args.out, result, overwrite=args.overwrite_out)
+        except RunError as exc:
+            failed = exc
+    if args.save_samples:
+        write_samples(args.save_samples, group_records(saved), overwrite=args.overwrite_samples)
+    if failed is not None:
+        raise failed
 
 
 def check_output_file(flag: str, path: str, overwrite: bool, overwrite_flag: str) -> None:

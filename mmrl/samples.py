@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.batch import Group
-from mmrl.errors import UserError
+from mmrl.errors import RunError, UserError
 from mmrl.files import atomic_write_text
 
 SAMPLES_FILE = "samples.jsonl"
@@ -109,6 +109,6 @@ def write_samples(path: str | Path, records: list[dict[str, Any]], overwrite: bo
     try:  # a file that appeared there since the check is kept unless overwrite
         atomic_write_text(target, "".join(_dumps(r) + "\n" for r in records), replace=overwrite)
     except FileExistsError:
-        raise UserError(f"--save-samples: {str(target)!r} appeared while the samples were drawn and was kept; pass "
-                         f"--overwrite-samples to replace it") from None
+        raise RunError(f"--save-samples: {str(target)!r} appeared while the samples were drawn and was kept (pass "
+                       f"--overwrite-samples to replace it)") from None
     return target

@@ -54,8 +54,8 @@ def test_generation_is_deterministic(tmp_path):
 
 
 def test_cli_writes_official_layout_and_large_rooms(tmp_path, capsys):
-    assert main(["--out", str(tmp_path), "--n-per-type", "1", "--n-eval-per-type", "0", "--receptacles", "20",
-                 "--task-types", "pick_and_place", "look_at_obj_in_light"]) == 0
+    main(["--out", str(tmp_path), "--n-per-type", "1", "--n-eval-per-type", "0", "--receptacles", "20",
+          "--task-types", "pick_and_place", "look_at_obj_in_light"])
     assert "wrote 2 games" in capsys.readouterr().out
     games = list_games(tmp_path / "json_2.1.1", "train")
     assert sorted(g.task_type for g in games) == ["look_at_obj_in_light", "pick_and_place_simple"]
@@ -65,15 +65,14 @@ def test_cli_writes_official_layout_and_large_rooms(tmp_path, capsys):
         # built in a folder of its own, then moved into place: no file names where it was built
         assert all(".generating-" not in f.read_text() for f in game.path.parent.iterdir())
     assert [p.name for p in tmp_path.iterdir()] == ["json_2.1.1"]
-    assert main(["--out", str(tmp_path / "other"), "--task-types", "juggle"]) == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "other"), "--task-types", "juggle"])
     # an existing set (perhaps edited) is never written into or mixed with other games
     edited = games[0].path.parent / "traj_data.json"
     edited.write_text("mine")
-    assert main(["--out", str(tmp_path), "--n-per-type", "1", "--n-eval-per-type", "0", "--task-types",
-                 "pick_and_place"]) == 2
-    err = capsys.readouterr().err
-    assert "json_2.1.1 already exists; choose another --out" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as stopped:
+        main(["--out", str(tmp_path), "--n-per-type", "1", "--n-eval-per-type", "0", "--task-types", "pick_and_place"])
+    assert stopped.value.code == 2 and "json_2.1.1 already exists; choose another --out" in capsys.readouterr().err
     assert edited.read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["json_2.1.1"]
 
 

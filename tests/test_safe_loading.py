@@ -98,16 +98,20 @@ def test_an_older_checkpoint_is_converted_through_the_restricted_loader(tmp_path
 
 def test_the_converter_keeps_a_file_at_a_name_it_would_write(tmp_path):
     """An older mmrl wrote only state.pt and state.sha256: a SHA256SUMS beside them is the user's (an archive's
-    checksum list), and the conversion stops before replacing it."""
+    checksum list), and that folder is not converted. What a conversion killed before its state.json left is the
+    conversion's own, and a rerun finishes it."""
     run = tmp_path / "run"
     first = legacy_run(run, 1, {"w": torch.zeros(2)})
-    legacy_run(run, 2, {"w": torch.ones(2)})
-    (run / "checkpoints" / "step_0000002" / "SHA256SUMS").write_text("mine")
-    with pytest.raises(ValueError, match=r"step_0000002/SHA256SUMS is not an older mmrl checkpoint's file .* \(nothing "
-                                         r"was converted\)"):
+    second = legacy_run(run, 2, {"w": torch.ones(2)})
+    (second / "SHA256SUMS").write_text("mine")
+    with pytest.raises(ValueError, match=r"step_0000002/SHA256SUMS is not an older mmrl checkpoint's file .*"
+                                         r"step_0000002 was not converted"):
         convert_run(run)
-    assert (run / "checkpoints" / "step_0000002" / "SHA256SUMS").read_text() == "mine"
-    assert not (first / "state.json").exists()
+    assert (second / "SHA256SUMS").read_text() == "mine" and not (second / "state.json").exists()
+    (first / "state.json").unlink()  # the first conversion, killed before its last file
+    (second / "SHA256SUMS").unlink()
+    assert convert_run(run) == [first, second]
+    assert load_latest(run)[0] == second
 
 
 def test_the_converter_refuses_a_crafted_state_pt_without_running_it(tmp_path):

@@ -21,7 +21,6 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -121,10 +120,9 @@ def generate_games(out: Path, *, n_per_type: int = 4, n_eval_per_type: int = 1, 
     return paths
 
 
-def _main(argv: list[str] | None) -> None:
-    from mmrl.cli import OneLineParser  # here: importing mmrl.cli imports torch, which an env module never does
-
-    parser = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="output root (json_2.1.1/ is created inside)")
     parser.add_argument("--n-per-type", type=int, default=4, help="train games per task type")
     parser.add_argument("--n-eval-per-type", type=int, default=1, help="valid_seen and valid_unseen games per type")
@@ -160,12 +158,5 @@ def _main(argv: list[str] | None) -> None:
     print(f"wrote {len(paths)} games under {target}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Bad arguments, and an ``--out`` that holds games already, end as one line and exit code 2."""
-    from mmrl.cli import run_cli
-
-    return run_cli(_main, argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
