@@ -3,6 +3,7 @@
 A leaf: it imports nothing from mmrl. `atomic_write_text` writes into a temporary file in the same folder, flushes it
 to the disk and renames it over the target, so a kill, a crash or a full disk at any moment leaves either the old
 file or the new one, never a truncated mix. Appending one line per step does not need this; replacing a file does.
+`remove_owned` removes from a folder only what a writer of ours made there.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -60,11 +63,39 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, replace: bool = True) -
 
 def _link_new(tmp: Path, target: Path, data: bytes) -> None:
     """Give the written ``tmp`` the name ``target`` only if that name is free (a hard link fails on any existing
-    entry). A filesystem without hard links gets ``target`` created exclusively and written in place."""
+    entry). A filesystem without hard links gets ``target`` created exclusively and written in place; a failed write
+    removes it again (this call created it)."""
     try:
         os.link(tmp, target)
+        return
     except FileExistsError:
         raise
     except OSError:  # no hard links here (EPERM, ENOTSUP on some network and FAT filesystems)
-        with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as out:
+        pass
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    try:
+        with open(fd, "wb") as out:
             out.write(data)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+
+
+def remove_owned(folder: Path, owned: Callable[[Path], bool], last: Callable[[Path], bool] = lambda _: False
+                 ) -> tuple[list[str], list[str]]:
+    """Remove the entries of ``folder`` that ``owned`` says a writer of ours made (a folder with all it holds, a
+    file or a link itself), those that ``last`` names after the others, then ``folder`` if that empties it. Returns
+    (the names removed, the names left). The removers of run folders (checkpoints, W&B, a saved model) are this."""
+    removed = []
+    for child in sorted(folder.iterdir(), key=lambda c: (last(c), c.name)):
+        if not owned(child):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+        removed.append(child.name)
+    left = sorted(os.listdir(folder))
+    if not left:
+        folder.rmdir()
+    return removed, left

@@ -114,7 +114,8 @@ def test_a_wandb_key_given_as_a_flag_never_reaches_the_openrlhf_run_config(tmp_p
 
     for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_DIR", str(tmp_path))):
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "")  # recorded, so that the key hide_wandb_key sets is undone after the test
+    monkeypatch.delenv("WANDB_API_KEY")
     inputs = LaunchInputs("m", "train.jsonl", "", "reward.py", "", train_rows=40)
     cfg = parse_config(["--backend", "openrlhf", "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
                         "--rollout.prompts_per_step", "4", "--run.wandb", "proj"])

@@ -284,13 +284,24 @@ def test_overwrite_keeps_a_users_files_among_the_policy_checkpoints(tmp_path, em
     for name in ("chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
                  "tokenizer.json", "tokenizer_config.json", "README.md"):
         (out / "model" / name).write_text("x")
+    # a rehearsal's records and OpenRLHF's event files, each folder with a note of the user's
+    for name in ("rehearsal/objective.jsonl", "rehearsal/rank1_step2.pt", "rehearsal/notes.md",
+                 "tensorboard/run/events.out.tfevents.1.host", "tensorboard/run/notes.md", "openrlhf/notes.md"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("x")
+    record = json.loads((out / ".mmrl-run.json").read_text())  # a run with --run.tensorboard, rehearsed
+    (out / ".mmrl-run.json").write_text(json.dumps({**record, "files": [*record["files"], "tensorboard", "rehearsal"]}))
     for _ in range(2):
         with caplog.at_level(logging.WARNING, logger="mmrl"):
-            _, owner = prepare(openrlhf_cfg(out, "--run.overwrite", "true"))
+            _, owner = prepare(openrlhf_cfg(out, "--run.overwrite", "true", "--run.tensorboard", "true",
+                                            "--cluster.rehearsal", "true"))
         owner.lock.release()
         assert sorted(p.relative_to(actor).as_posix() for p in actor.rglob("*")) == [
             "analysis", "analysis/plot.txt", "global_step3", "global_step3/eval.json"]
         assert [p.name for p in (out / "model").iterdir()] == ["README.md"]
+        assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/**/notes.md")) == [
+            "openrlhf/notes.md", "rehearsal/notes.md", "tensorboard/run/notes.md"]
+        assert not list(out.glob("rehearsal/*.jsonl")) and not list(out.glob("tensorboard/run/events.*"))
         assert all(f"checkpoints/_actor/{name}" in caplog.text for name in ("analysis", "global_step3/eval.json"))
         assert "model/README.md" in caplog.text
 
@@ -525,6 +536,23 @@ def test_rotation_removes_old_checkpoints_files_only(tmp_path, caplog):
     tag(actor, "global_step5", 0.9, age=0)
     assert [p.name for p in rotate_tags(actor, "global_step6", 10, 150 / 1024 ** 3, read_metric)] == ["global_step2"]
     assert (actor / "analysis" / "plot.txt").is_file() and (actor / "global_step1" / "eval.json").is_file()
+
+
+def test_a_tag_loses_its_model_states_last_and_a_replay_write_that_never_finished(tmp_path, monkeypatch):
+    """A removal cut short leaves a tag the next rotation still finds (its model states go last), and a replay
+    store's unfinished write (``.tmp-*``, mmrl's own) goes with the tag."""
+    folder = tmp_path / "global_step2"
+    (folder / ".tmp-abc123").mkdir(parents=True)
+    (folder / ".tmp-abc123" / "tensors.safetensors").write_text("half")
+    for name in ("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt",
+                 "zero_pp_rank_1_mp_rank_00_optim_states.pt"):
+        (folder / name).write_text("states")
+    order = []
+    unlink = Path.unlink
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (order.append(self.name), unlink(self, *a, **k)))
+    assert remove_tag(folder) == ([".tmp-abc123", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                   "mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"], [])
+    assert order[-1] == "mp_rank_00_model_states.pt" and not folder.exists()
 
 
 def test_removing_a_tag_leaves_what_its_writers_did_not_write(tmp_path):

@@ -358,7 +358,7 @@ def test_gpg_geoqa_script_derives_the_batch_from_gpus(gpus, rows, prompts, steps
 
 def test_gpg_geoqa_script_on_two_nodes_takes_launch_shs_layout():
     """With NODES=2 the script leaves the layout to launch.sh (GPUS GPUs per node, an engine on every GPU of the
-    cluster); its own one-node engine count used to override launch.sh's and the launch was refused."""
+    cluster): a one-node engine count after launch.sh's would win, and the launch would be refused."""
     import os
     import subprocess
     import sys

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +68,25 @@ def test_records_hold_parts_reason_and_episode_and_the_writer_refuses_to_clobber
     assert len(path.read_text().splitlines()) == 1
     with pytest.raises(ValueError, match="is a directory"):
         write_samples(tmp_path, records, overwrite=True)
+
+
+def test_a_samples_file_that_appears_while_they_are_drawn_is_kept(tmp_path, monkeypatch):
+    """The check at start found the path free; a file written there meanwhile (a second evaluation) stays, and the
+    error is a run error (the results are already printed and saved)."""
+    import mmrl.samples
+    from mmrl.errors import RunError
+
+    real = mmrl.samples.atomic_write_text
+
+    def appearing(path, text, **kwargs):
+        Path(path).write_text("another evaluation's")
+        return real(path, text, **kwargs)
+
+    monkeypatch.setattr(mmrl.samples, "atomic_write_text", appearing)
+    path = tmp_path / "samples.jsonl"
+    with pytest.raises(RunError, match="appeared while the samples were drawn and was kept"):
+        write_samples(path, [{"step": 0}])
+    assert path.read_text() == "another evaluation's"
 
 
 def test_prompt_of_a_row_without_a_chat_is_empty():

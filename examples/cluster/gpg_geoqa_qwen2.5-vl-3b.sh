@@ -9,10 +9,11 @@
 # Their global batch follows from it: --per_device_train_batch_size 1 prompt x --gradient_accumulation_steps 2 x GPUS
 # processes = 2 x GPUS prompts per optimizer step, and --num_train_epochs 1 makes ROWS // (2 x GPUS) steps (ROWS:
 # the training file's row count). GPUS=2: 4 prompts x ~2,000 steps; GPUS=8: 16 x ~500.
+# Without GPUS, a GPUS_PER_NODE given for launch.sh sets it (GPUs per node when NODES > 1).
 # RECIPE=other.yaml runs another recipe through this same launch (its GRPO baseline script does).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-gpus=${GPUS:-2}
+gpus=${GPUS:-${GPUS_PER_NODE:-2}}
 rows=${ROWS:-8000}
 prompts=$(( 1 * 2 * gpus ))
 steps=$(( rows / prompts ))

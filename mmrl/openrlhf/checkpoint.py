@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from mmrl.errors import UserError
+from mmrl.files import remove_owned
 from mmrl.trainer.checkpoint import PARTIAL_PREFIX, install, read_state, remove_checkpoint, verify, write_state
 
 log = logging.getLogger("mmrl.openrlhf")
@@ -151,17 +152,19 @@ def remove_tag(folder: Path) -> tuple[list[str], list[str]]:
     """Remove what DeepSpeed, OpenRLHF and mmrl wrote in the checkpoint tag ``folder`` (the ranks' states, the metric,
     the replay store's files), then the folder if that empties it. Returns (the names removed, the names left)."""
     removed = []
-    for child in sorted(folder.iterdir()):
-        if child.name == REPLAY_DIR and child.is_dir() and not child.is_symlink():
-            _, left = remove_checkpoint(child)
-            removed.extend([] if left else [child.name])
-        elif (child.name.endswith(TAG_FILE_SUFFIXES) or child.name == METRIC_FILE) and _is_file(child):
-            child.unlink()
-            removed.append(child.name)
-    left = sorted(os.listdir(folder))
-    if not left:
-        folder.rmdir()
-    return removed, left
+    replay = folder / REPLAY_DIR
+    if replay.is_dir() and not replay.is_symlink():
+        _, left = remove_checkpoint(replay)
+        removed.extend([] if left else [REPLAY_DIR])
+
+    def owned(child: Path) -> bool:  # the states and metric; a replay store's write that never finished
+        if child.name.startswith(PARTIAL_PREFIX):
+            return child.is_dir() and not child.is_symlink()
+        return (child.name.endswith(TAG_FILE_SUFFIXES) or child.name == METRIC_FILE) and _is_file(child)
+
+    # the model states last: until they go, a removal cut short still leaves a tag the next rotation finds
+    gone, left = remove_owned(folder, owned, last=lambda child: child.name.endswith(TAG_FILE_SUFFIXES[0]))
+    return sorted(removed + gone), left
 
 
 def remove_actor_checkpoints(folder: Path) -> tuple[list[str], list[str]]:
@@ -223,12 +226,4 @@ SAVED_MODEL_FILES = re.compile(
 def remove_saved_model(folder: Path) -> tuple[list[str], list[str]]:
     """Remove the files OpenRLHF's final save wrote in ``folder`` (the run's ``model/``, ``--run.overwrite``), then the
     folder if that empties it. Returns (the names removed, the names left: a model card of the user's, ...)."""
-    removed = []
-    for child in sorted(folder.iterdir()):
-        if SAVED_MODEL_FILES.fullmatch(child.name) and _is_file(child):
-            child.unlink()
-            removed.append(child.name)
-    left = sorted(os.listdir(folder))
-    if not left:
-        folder.rmdir()
-    return removed, left
+    return remove_owned(folder, lambda child: SAVED_MODEL_FILES.fullmatch(child.name) is not None and _is_file(child))

@@ -23,6 +23,7 @@ from typing import Any
 
 import mmrl.algos as algos
 from mmrl.errors import UserError
+from mmrl.files import remove_owned
 from mmrl.openrlhf.args import (
     LaunchInputs,
     build_flags,
@@ -42,12 +43,13 @@ from mmrl.openrlhf.evaluation import set_spec
 from mmrl.openrlhf.rehearsal import FLAGS as REHEARSAL_FLAGS
 from mmrl.openrlhf.rehearsal import LOG_DIR as REHEARSAL_LOG_DIR
 from mmrl.openrlhf.rehearsal import gpu_note as rehearsal_gpu_note
+from mmrl.openrlhf.rehearsal import remove_logs as remove_rehearsal_logs
 from mmrl.openrlhf.replay import check_replay_flags, check_resumed_store
 from mmrl.openrlhf.reward import reward_file_text
 from mmrl.trainer.build import build_algorithm, build_task
 from mmrl.trainer.config import TrainConfig, validate
 from mmrl.trainer.eval_sets import build_eval_sets
-from mmrl.trainer.loggers import WANDB_DIR, remove_wandb_files, wandb_mode
+from mmrl.trainer.loggers import WANDB_DIR, remove_event_files, remove_wandb_files, wandb_mode
 from mmrl.trainer.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, claim, inspect
 
 log = logging.getLogger("mmrl.openrlhf")
@@ -55,6 +57,8 @@ log = logging.getLogger("mmrl.openrlhf")
 AGENT_MODULES = {"alfworld": "mmrl.envs.adapters.openrlhf_agent"}  # multi-turn tasks: their AgentExecutor file
 TURN_AGENT_MODULE = "mmrl.openrlhf.turn_agent"  # rollout.agent_layout turn: every env step its own row
 FILES_DIR = "openrlhf"  # the prompt files and reward_func file, under the run directory
+PROMPT_FILES = re.compile(r"(train|eval|eval_[A-Za-z0-9_-]+)\.jsonl|reward_func\.py")  # its files (resolve_launch)
+TENSORBOARD_DIR = "tensorboard"  # OpenRLHF's event files (mmrl.trainer.loggers.openrlhf_flags)
 MODEL_DIR = "model"  # the final model, saved by OpenRLHF (args.ckpt.output_dir)
 ACTOR_CHECKPOINTS = "checkpoints/_actor"  # OpenRLHF's DeepSpeed checkpoints of the policy (args.ckpt.path/_actor)
 
@@ -73,20 +77,27 @@ def openrlhf_latest(run_dir: Path) -> tuple[int, Path] | None:
     return int(found[1]), tag_file.parent / tag
 
 
+def remove_prompt_files(folder: Path) -> tuple[list[str], list[str]]:
+    """Remove the prompt and reward files a launch wrote into ``openrlhf/``, then the folder if that empties it."""
+    return remove_owned(folder, lambda f: PROMPT_FILES.fullmatch(f.name) is not None and not f.is_dir())
+
+
 # What an openrlhf-backend run writes into its directory: the driver's config and prompt files, the actors'
 # metrics.jsonl and checkpoints, the final model, the loggers' folders and a rehearsal's records.
 OPENRLHF_RUN = RunLayout(
-    writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, MODEL_DIR, "tensorboard",
+    writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, MODEL_DIR, TENSORBOARD_DIR,
             WANDB_DIR, REHEARSAL_LOG_DIR),
     unique=(), latest=openrlhf_latest, resumes_latest=True,  # DeepSpeed loads the tag its `latest` file names
     removers=((ACTOR_CHECKPOINTS, remove_actor_checkpoints), (MODEL_DIR, remove_saved_model),
-              (WANDB_DIR, remove_wandb_files)))
+              (FILES_DIR, remove_prompt_files), (TENSORBOARD_DIR, remove_event_files), (WANDB_DIR, remove_wandb_files),
+              (REHEARSAL_LOG_DIR, remove_rehearsal_logs)))
 
 
 def run_files(cfg: TrainConfig) -> list[str]:
     """What this run writes (beside config.json), recorded before the actors write it."""
-    return ["metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, MODEL_DIR, *(["tensorboard"] if cfg.run.tensorboard else []),
-            *([WANDB_DIR] if cfg.run.wandb else []), *([REHEARSAL_LOG_DIR] if cfg.cluster.rehearsal else [])]
+    return ["metrics.jsonl", FILES_DIR, ACTOR_CHECKPOINTS, MODEL_DIR,
+            *([TENSORBOARD_DIR] if cfg.run.tensorboard else []), *([WANDB_DIR] if cfg.run.wandb else []),
+            *([REHEARSAL_LOG_DIR] if cfg.cluster.rehearsal else [])]
 
 
 @dataclasses.dataclass

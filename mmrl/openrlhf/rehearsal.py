@@ -21,16 +21,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mmrl.files import remove_owned
 from mmrl.openrlhf.compat import install_zero3_loading_fix
 
 SETUP_HOOK = "mmrl.openrlhf.rehearsal.install_worker_shims"
 LOG_DIR = "rehearsal"  # under the run directory: weight-sync digests and per-rank statistics
+# what a rehearsal writes there: the objective each loss call used, the weight digests of both sides of each sync,
+# and what each policy rank received per step
+LOG_FILES = re.compile(r"(objective|policy_weights|rollout_weights)\.jsonl|rank\d+_step\d+\.pt")
+
+
+def remove_logs(folder: Path) -> tuple[list[str], list[str]]:
+    """Remove a rehearsal's records from its ``rehearsal/`` folder (``--run.overwrite``), then the folder if that
+    empties it. Returns (the names removed, the names left)."""
+    return remove_owned(folder, lambda f: LOG_FILES.fullmatch(f.name) is not None and not f.is_dir())
 
 # OpenRLHF flags the rehearsal sets over the generated ones (cluster.extra still applies last)
 FLAGS = {

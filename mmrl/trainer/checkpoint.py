@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from mmrl.errors import RunError, UserError
-from mmrl.files import file_sha256
+from mmrl.files import file_sha256, remove_owned
 
 log = logging.getLogger("mmrl")
 FORMAT, VERSION = "mmrl-checkpoint", 1
@@ -232,16 +232,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int) 
 def remove_checkpoint(folder: Path) -> tuple[list[str], list[str]]:
     """Remove the files a checkpoint writer put in ``folder`` (:data:`WRITTEN`), then the folder if that empties
     it. Returns (the names removed, the names left: whatever else the folder holds)."""
-    removed = []
-    for name in WRITTEN:
-        path = folder / name
-        if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()):
-            path.unlink()
-            removed.append(name)
-    left = sorted(p.name for p in folder.iterdir())
-    if not left:
-        folder.rmdir()
-    return removed, left
+    return remove_owned(folder, lambda p: p.name in WRITTEN and (p.is_symlink() or not p.is_dir()))
 
 
 def install(tmp: Path, target: Path) -> list[str]:

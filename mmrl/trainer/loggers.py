@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import uuid
 from pathlib import Path
 from typing import Any
+
+from mmrl.files import remove_owned
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
 WANDB_ID_FILE = "wandb_run_id"  # in the run dir: --resume continues the same W&B run
@@ -34,16 +35,26 @@ WANDB_LINKS = ("latest-run", "debug.log", "debug-internal.log")
 def remove_wandb_files(folder: Path) -> tuple[list[str], list[str]]:
     """Remove what W&B wrote into a run's ``wandb/`` folder (its run folders and links), then the folder if that
     empties it. Returns (the names removed, the names left: whatever else the folder holds)."""
-    removed = []
+    def owned(child: Path) -> bool:
+        if WANDB_RUN_FOLDER.fullmatch(child.name):
+            return child.is_dir() and not child.is_symlink()
+        return child.name in WANDB_LINKS and child.is_symlink()
+
+    return remove_owned(folder, owned)
+
+
+def remove_event_files(folder: Path) -> tuple[list[str], list[str]]:
+    """Remove the TensorBoard event files of the openrlhf backend's ``tensorboard/`` folder (OpenRLHF writes them
+    into a folder per run name), each such folder once empty, then ``tensorboard/`` itself if that empties it.
+    Returns (the names removed, the names left)."""
+    removed, left = [], []
     for child in sorted(folder.iterdir()):
-        if WANDB_RUN_FOLDER.fullmatch(child.name) and child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        elif child.name in WANDB_LINKS and child.is_symlink():
-            child.unlink()
+        if child.is_dir() and not child.is_symlink():
+            gone, kept = remove_owned(child, lambda f: f.name.startswith(EVENT_FILE_PREFIX) and not f.is_dir())
+            removed += [f"{child.name}/{name}" for name in gone]
+            left += [f"{child.name}/{name}" for name in kept]
         else:
-            continue
-        removed.append(child.name)
-    left = sorted(os.listdir(folder))
+            left.append(child.name)
     if not left:
         folder.rmdir()
     return removed, left

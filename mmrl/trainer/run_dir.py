@@ -535,11 +535,19 @@ def claim(cfg: TrainConfig, layout: RunLayout = LOCAL_RUN) -> RunDir:
     check_out_path(run_dir)
     record = _check_not_foreign(cfg)
     created = tuple(p for p in (run_dir, *run_dir.parents) if not os.path.lexists(p))
+    made: list[Path] = []
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for folder in created:  # no group or other write bit, whatever the umask: others could replace the files
-            os.chmod(folder, stat.S_IMODE(folder.stat().st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+        for folder in reversed(created):  # from the top; 0o755 less the umask: no group or other write bit, ever
+            try:
+                folder.mkdir(mode=0o755)
+            except FileExistsError:  # another run starting into the same new folder made it first
+                if not folder.is_dir() or folder.is_symlink():
+                    raise
+                continue
+            made.append(folder)
     except OSError as exc:
+        for folder in reversed(made):
+            folder.rmdir()
         raise UserError(f"run.out_dir {run_dir} cannot be created ({os.strerror(exc.errno) if exc.errno else exc})"
                          ) from None
     lock = RunLock(run_dir)
