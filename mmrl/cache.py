@@ -118,6 +118,9 @@ def build_once(target: Path, build: Callable[[Path], None], marker: str, *, forc
             if (target / marker).exists() and not force:  # built meanwhile by a process the lock did not hold back
                 shutil.rmtree(tmp)  # (no flock here): keep the copy its readers may be loading
                 return target
+            if target.is_symlink():  # not a copy of ours: never emptied, never replaced
+                raise UserError(f"{target} is a link, where the cache keeps a folder it builds; remove the link or "
+                                 f"set MMRL_CACHE to another folder")
             if target.exists():  # an unfinished or forced-out earlier copy
                 shutil.rmtree(target)
             os.replace(tmp, target)

@@ -74,6 +74,18 @@ def test_force_rebuilds_over_an_existing_result(tmp_path):
     assert (target / "DONE").read_text() == "second"
 
 
+def test_a_link_where_the_cache_builds_is_refused_in_one_line(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "games-v1").symlink_to(mine)
+    with pytest.raises(ValueError, match=r"games-v1 is a link, where the cache keeps a folder it builds"):
+        build_once(tmp_path / "cache" / "games-v1", lambda d: (d / "DONE").write_text("x"), "DONE")
+    assert (mine / "keep.txt").read_text() == "mine" and [p.name for p in mine.iterdir()] == ["keep.txt"]
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == ["games-v1"]
+
+
 def test_a_file_system_without_flock_still_builds(tmp_path, monkeypatch, caplog):
     """NFS mounted nolock and some FUSE mounts raise ENOLCK / EOPNOTSUPP from flock: the build goes on unlocked."""
     import errno
