@@ -81,13 +81,23 @@ def _link_new(tmp: Path, target: Path, data: bytes) -> None:
         raise
 
 
-def remove_owned(folder: Path, owned: Callable[[Path], bool], last: Callable[[Path], bool] = lambda _: False
+def remove_owned(folder: Path, owned: Callable[[Path], bool], last: Callable[[Path], bool] = lambda _: False,
+                 inside: Callable[[Path], Callable[[Path], tuple[list[str], list[str]]] | None] = lambda _: None
                  ) -> tuple[list[str], list[str]]:
     """Remove the entries of ``folder`` that ``owned`` says a writer of ours made (a folder with all it holds, a
-    file or a link itself), those that ``last`` names after the others, then ``folder`` if that empties it. Returns
-    (the names removed, the names left). The removers of run folders (checkpoints, W&B, a saved model) are this."""
-    removed = []
+    file or a link itself), those that ``last`` names after the others, then ``folder`` if that empties it. A
+    subfolder for which ``inside`` gives a remover is handed to it instead, its names reported as ``sub/name``.
+    Returns (the names removed, the names left). The removers of run folders (checkpoints, W&B, a saved model) are
+    this."""
+    removed, nested_left, nested = [], [], set()
     for child in sorted(folder.iterdir(), key=lambda c: (last(c), c.name)):
+        remover = inside(child) if child.is_dir() and not child.is_symlink() else None
+        if remover is not None:
+            gone, kept = remover(child)
+            removed += [f"{child.name}/{name}" for name in gone]
+            nested_left += [f"{child.name}/{name}" for name in kept]
+            nested.add(child.name)
+            continue
         if not owned(child):
             continue
         if child.is_dir() and not child.is_symlink():
@@ -95,7 +105,7 @@ def remove_owned(folder: Path, owned: Callable[[Path], bool], last: Callable[[Pa
         else:
             child.unlink()
         removed.append(child.name)
-    left = sorted(os.listdir(folder))
+    left = sorted(nested_left + [name for name in os.listdir(folder) if name not in nested])
     if not left:
         folder.rmdir()
     return removed, left

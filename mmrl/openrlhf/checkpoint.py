@@ -171,20 +171,8 @@ def remove_actor_checkpoints(folder: Path) -> tuple[list[str], list[str]]:
     """Remove a run's ``_actor`` folder as far as DeepSpeed, OpenRLHF and mmrl wrote it (``--run.overwrite``): every
     tag's files, ``latest`` and the recovery script; the folder too if that empties it. Returns (the names removed,
     the names left, a tag's as ``tag/name``)."""
-    removed, left = [], []
-    for child in sorted(folder.iterdir()):
-        if TAG_NAME.fullmatch(child.name) and child.is_dir() and not child.is_symlink():
-            gone, kept = remove_tag(child)
-            removed.extend(f"{child.name}/{name}" for name in gone)
-            left.extend(f"{child.name}/{name}" for name in kept)
-        elif child.name in BESIDE_TAGS and _is_file(child):
-            child.unlink()
-            removed.append(child.name)
-        else:
-            left.append(child.name)
-    if not left:
-        folder.rmdir()
-    return removed, left
+    return remove_owned(folder, lambda child: child.name in BESIDE_TAGS and _is_file(child),
+                        inside=lambda child: remove_tag if TAG_NAME.fullmatch(child.name) else None)
 
 
 def rotate_tags(save_dir: Path, tag: str | None, max_num: int, max_mem_gb: float,

@@ -47,17 +47,10 @@ def remove_event_files(folder: Path) -> tuple[list[str], list[str]]:
     """Remove the TensorBoard event files of the openrlhf backend's ``tensorboard/`` folder (OpenRLHF writes them
     into a folder per run name), each such folder once empty, then ``tensorboard/`` itself if that empties it.
     Returns (the names removed, the names left)."""
-    removed, left = [], []
-    for child in sorted(folder.iterdir()):
-        if child.is_dir() and not child.is_symlink():
-            gone, kept = remove_owned(child, lambda f: f.name.startswith(EVENT_FILE_PREFIX) and not f.is_dir())
-            removed += [f"{child.name}/{name}" for name in gone]
-            left += [f"{child.name}/{name}" for name in kept]
-        else:
-            left.append(child.name)
-    if not left:
-        folder.rmdir()
-    return removed, left
+    def events(run: Path) -> tuple[list[str], list[str]]:
+        return remove_owned(run, lambda f: f.name.startswith(EVENT_FILE_PREFIX) and not f.is_dir())
+
+    return remove_owned(folder, lambda _: False, inside=lambda _: events)
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
