@@ -3,7 +3,8 @@
 A leaf: it imports nothing from mmrl. `atomic_write_text` writes into a temporary file in the same folder, flushes it
 to the disk and renames it over the target, so a kill, a crash or a full disk at any moment leaves either the old
 file or the new one, never a truncated mix. Appending one line per step does not need this; replacing a file does.
-`remove_owned` removes from a folder only what a writer of ours made there.
+`remove_owned` removes from a folder only what a writer of ours made there; `remove_named_files` is it for writers
+that own files by name.
 """
 
 from __future__ import annotations
@@ -109,3 +110,14 @@ def remove_owned(folder: Path, owned: Callable[[Path], bool], last: Callable[[Pa
     if not left:
         folder.rmdir()
     return removed, left
+
+
+def is_file_entry(path: Path) -> bool:
+    """``path`` (an entry of a folder) is a file or a link: what a writer of files may remove. A link to a folder
+    counts, as the link itself goes, never what it points to."""
+    return path.is_symlink() or not path.is_dir()
+
+
+def remove_named_files(folder: Path, named: Callable[[str], object]) -> tuple[list[str], list[str]]:
+    """`remove_owned` for a writer that owns the files (and links) whose name ``named`` accepts, never a folder."""
+    return remove_owned(folder, lambda child: bool(named(child.name)) and is_file_entry(child))

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from mmrl.errors import UserError
-from mmrl.files import remove_owned
+from mmrl.files import is_file_entry, remove_named_files, remove_owned
 from mmrl.trainer.checkpoint import PARTIAL_PREFIX, install, read_state, remove_checkpoint, verify, write_state
 
 log = logging.getLogger("mmrl.openrlhf")
@@ -138,10 +138,6 @@ def read_replay_store(tag_folder: str | Path) -> dict:
     return state["replay"]
 
 
-def _is_file(path: Path) -> bool:
-    return path.is_symlink() or (path.exists() and not path.is_dir())
-
-
 def is_tag(folder: Path) -> bool:
     """``folder`` is a checkpoint tag as OpenRLHF names them, holding DeepSpeed's model states."""
     return (TAG_NAME.fullmatch(folder.name) is not None and folder.is_dir() and not folder.is_symlink()
@@ -160,7 +156,7 @@ def remove_tag(folder: Path) -> tuple[list[str], list[str]]:
     def owned(child: Path) -> bool:  # the states and metric; a replay store's write that never finished
         if child.name.startswith(PARTIAL_PREFIX):
             return child.is_dir() and not child.is_symlink()
-        return (child.name.endswith(TAG_FILE_SUFFIXES) or child.name == METRIC_FILE) and _is_file(child)
+        return (child.name.endswith(TAG_FILE_SUFFIXES) or child.name == METRIC_FILE) and is_file_entry(child)
 
     # the model states last: until they go, a removal cut short still leaves a tag the next rotation finds
     gone, left = remove_owned(folder, owned, last=lambda child: child.name.endswith(TAG_FILE_SUFFIXES[0]))
@@ -171,7 +167,7 @@ def remove_actor_checkpoints(folder: Path) -> tuple[list[str], list[str]]:
     """Remove a run's ``_actor`` folder as far as DeepSpeed, OpenRLHF and mmrl wrote it (``--run.overwrite``): every
     tag's files, ``latest`` and the recovery script; the folder too if that empties it. Returns (the names removed,
     the names left, a tag's as ``tag/name``)."""
-    return remove_owned(folder, lambda child: child.name in BESIDE_TAGS and _is_file(child),
+    return remove_owned(folder, lambda child: child.name in BESIDE_TAGS and is_file_entry(child),
                         inside=lambda child: remove_tag if TAG_NAME.fullmatch(child.name) else None)
 
 
@@ -214,4 +210,4 @@ SAVED_MODEL_FILES = re.compile(
 def remove_saved_model(folder: Path) -> tuple[list[str], list[str]]:
     """Remove the files OpenRLHF's final save wrote in ``folder`` (the run's ``model/``, ``--run.overwrite``), then the
     folder if that empties it. Returns (the names removed, the names left: a model card of the user's, ...)."""
-    return remove_owned(folder, lambda child: SAVED_MODEL_FILES.fullmatch(child.name) is not None and _is_file(child))
+    return remove_named_files(folder, SAVED_MODEL_FILES.fullmatch)

@@ -23,7 +23,7 @@ from typing import Any
 
 import mmrl.algos as algos
 from mmrl.errors import UserError
-from mmrl.files import remove_owned
+from mmrl.files import remove_named_files
 from mmrl.openrlhf.args import (
     LaunchInputs,
     build_flags,
@@ -79,7 +79,7 @@ def openrlhf_latest(run_dir: Path) -> tuple[int, Path] | None:
 
 def remove_prompt_files(folder: Path) -> tuple[list[str], list[str]]:
     """Remove the prompt and reward files a launch wrote into ``openrlhf/``, then the folder if that empties it."""
-    return remove_owned(folder, lambda f: PROMPT_FILES.fullmatch(f.name) is not None and not f.is_dir())
+    return remove_named_files(folder, PROMPT_FILES.fullmatch)
 
 
 # What an openrlhf-backend run writes into its directory: the driver's config and prompt files, the actors'

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mmrl.files import remove_owned
+from mmrl.files import remove_named_files
 from mmrl.openrlhf.compat import install_zero3_loading_fix
 
 SETUP_HOOK = "mmrl.openrlhf.rehearsal.install_worker_shims"
@@ -41,7 +41,7 @@ LOG_FILES = re.compile(r"(objective|policy_weights|rollout_weights)\.jsonl|rank\
 def remove_logs(folder: Path) -> tuple[list[str], list[str]]:
     """Remove a rehearsal's records from its ``rehearsal/`` folder (``--run.overwrite``), then the folder if that
     empties it. Returns (the names removed, the names left)."""
-    return remove_owned(folder, lambda f: LOG_FILES.fullmatch(f.name) is not None and not f.is_dir())
+    return remove_named_files(folder, LOG_FILES.fullmatch)
 
 # OpenRLHF flags the rehearsal sets over the generated ones (cluster.extra still applies last)
 FLAGS = {

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from mmrl.errors import RunError, UserError
-from mmrl.files import file_sha256, remove_owned
+from mmrl.files import file_sha256, remove_named_files
 
 log = logging.getLogger("mmrl")
 FORMAT, VERSION = "mmrl-checkpoint", 1
@@ -232,7 +232,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int) 
 def remove_checkpoint(folder: Path) -> tuple[list[str], list[str]]:
     """Remove the files a checkpoint writer put in ``folder`` (:data:`WRITTEN`), then the folder if that empties
     it. Returns (the names removed, the names left: whatever else the folder holds)."""
-    return remove_owned(folder, lambda p: p.name in WRITTEN and (p.is_symlink() or not p.is_dir()))
+    return remove_named_files(folder, WRITTEN.__contains__)
 
 
 def install(tmp: Path, target: Path) -> list[str]:

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from mmrl.files import remove_owned
+from mmrl.files import remove_named_files, remove_owned
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
 WANDB_ID_FILE = "wandb_run_id"  # in the run dir: --resume continues the same W&B run
@@ -48,7 +48,7 @@ def remove_event_files(folder: Path) -> tuple[list[str], list[str]]:
     into a folder per run name), each such folder once empty, then ``tensorboard/`` itself if that empties it.
     Returns (the names removed, the names left)."""
     def events(run: Path) -> tuple[list[str], list[str]]:
-        return remove_owned(run, lambda f: f.name.startswith(EVENT_FILE_PREFIX) and not f.is_dir())
+        return remove_named_files(run, lambda name: name.startswith(EVENT_FILE_PREFIX))
 
     return remove_owned(folder, lambda _: False, inside=lambda _: events)
 

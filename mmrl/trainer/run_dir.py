@@ -39,7 +39,7 @@ from mmrl.errors import UserError
 from mmrl.files import atomic_write_text, is_temporary_of
 from mmrl.trainer.checkpoint import latest_checkpoint, remove_checkpoint, remove_partial_writes
 from mmrl.trainer.config import TrainConfig, saved_overrides
-from mmrl.trainer.loggers import WANDB_DIR, remove_wandb_files
+from mmrl.trainer.loggers import WANDB_DIR, WANDB_ID_FILE, remove_wandb_files
 from mmrl.trainer.masking import masked_config
 
 log = logging.getLogger("mmrl")
@@ -51,7 +51,7 @@ RESUMES_NAME = "resumes.jsonl"
 # Names a run of either backend writes at the top of its directory: a folder holding one of them beside an mmrl
 # config.json is a run's, and mmrl.eval never writes its results over one of them.
 RUN_FILES = {LOCK_NAME, RECORD_NAME, CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", "curves.png", "sft.jsonl",
-             "samples.jsonl", "checkpoints", "wandb", "wandb_run_id",  # the last two: mmrl.trainer.loggers' W&B files
+             "samples.jsonl", "checkpoints", WANDB_DIR, WANDB_ID_FILE,  # the last two: W&B (mmrl.trainer.loggers)
              "openrlhf", "model", "tensorboard", "rehearsal"}  # the openrlhf backend's (mmrl.openrlhf.launch)
 # TensorBoard names its event files events.out.tfevents.<time>.<host>... (mmrl.trainer.loggers, --run.tensorboard)
 RUN_FILE_PREFIXES = ("events.out.tfevents.",)
@@ -266,8 +266,8 @@ def local_latest(run_dir: Path) -> tuple[int, Path] | None:
 
 
 LOCAL_RUN = RunLayout(
-    writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", "samples.jsonl", "curves.png", "sft.jsonl", "wandb",
-            "wandb_run_id", CHECKPOINT_FOLDERS),
+    writes=(CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", "samples.jsonl", "curves.png", "sft.jsonl", WANDB_DIR,
+            WANDB_ID_FILE, CHECKPOINT_FOLDERS),
     unique=(f"{RUN_FILE_PREFIXES[0]}*",), latest=local_latest, resumes_latest=False,
     removers=((CHECKPOINT_FOLDERS, remove_checkpoint), (WANDB_DIR, remove_wandb_files)))
 
