@@ -42,8 +42,8 @@ def run(name, rewards, group_ids, logprobs, old, mask, **params):
 # ------------------------------------------------------------------------------------------ contract
 
 
-def test_registry_has_the_seven_objectives():
-    assert set(ALL) == {"grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo", "gigpo"}
+def test_registry_has_the_ten_objectives():
+    assert set(ALL) == {"grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo", "gigpo", "gspo", "cispo", "sapo"}
 
 
 def test_unknown_algorithm_and_parameter_fail_with_one_clear_line():
