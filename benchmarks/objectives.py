@@ -10,11 +10,11 @@ does part of the work, so it is wall time. The raw file in ``--out`` keeps both 
     python benchmarks/objectives.py [--n 64] [--t 1024] [--group 8] [--repeats 30] [--runs 1] [--threads 2]
 
 ``--against-verl`` times, in the same interleaved rounds, verl's own implementation of each objective verl has
-(``verl.trainer.ppo.core_algos``: the GRPO / Dr.GRPO / GPG advantage estimators, the vanilla, gpg, geo_mean,
-clip_cov and kl_cov policy losses, its ``agg_loss`` modes) on the same tensors, and reports per objective mmrl's
-milliseconds, verl's, and their ratio. Where both compute the same loss, it first checks that they give the same loss
-and gradient, and refuses to time if not; benchmarks/verl_objectives.py lists the pairs, says where they differ by
-design, and how to install verl outside the repository (it is not an mmrl dependency):
+(``verl.trainer.ppo.core_algos``: the GRPO / Dr.GRPO / GPG advantage estimators, the vanilla, gpg, geo_mean, gspo,
+cispo, sapo, clip_cov and kl_cov policy losses, its ``agg_loss`` modes) on the same tensors, and reports per
+objective mmrl's milliseconds, verl's, and their ratio. Where both compute the same loss, it first checks that they
+give the same loss and gradient, and refuses to time if not; benchmarks/verl_objectives.py lists the pairs, says
+where they differ by design, and how to install verl outside the repository (it is not an mmrl dependency):
 
     python benchmarks/objectives.py --against-verl --verl-path /tmp/verl --threads 1 --runs 5
 """
