@@ -539,6 +539,18 @@ def test_cw_grpo_equals_grpo_when_covariance_vanishes():
     assert float(l_cw.detach()) == pytest.approx(float(l_grpo.detach()))
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_dynamic_sampling_is_the_resampling_rule_with_every_group_valid(name):
+    """DAPO's dynamic sampling as an option of every objective: the loop's resampling rule (GPG's mechanism) asking
+    for every group to have reward spread, at most ``dynamic_sampling`` extra rounds."""
+    assert algos.hyperparameters(name)["dynamic_sampling"] == 0
+    assert algos.get(name, dynamic_sampling=4).resampling() == algos.Resampling(valid_fraction=1.0, max_rounds=4)
+    default = algos.get(name).resampling()
+    assert default == (algos.Resampling(0.6, 20) if name == "gpg" else algos.Resampling())
+    with pytest.raises(ValueError, match="dynamic_sampling must be >= 0"):
+        algos.get(name, dynamic_sampling=-1)
+
+
 def test_hyper_parameter_types_are_checked_with_one_line():
     with pytest.raises(ValueError, match="grpo.clip_low must be a finite number, got 'abc'"):
         algos.get("grpo", clip_low="abc")

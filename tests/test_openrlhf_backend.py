@@ -285,6 +285,16 @@ def test_gpg_resamples_across_engines_until_enough_groups_are_valid(threshold, r
         assert sum(valid_flags) == n_valid
 
 
+def test_dynamic_sampling_gives_the_generator_the_every_group_valid_rule(tmp_path):
+    """DAPO's dynamic sampling on any objective reaches mmrl's samples generator as GPG's rule with β_th = 1."""
+    args = launch_args(tmp_path, "cispo", "--algo.dynamic_sampling", "3", "--steps", "10", "--cluster.colocate",
+                       "false")
+    trainer = MmrlPPOTrainer(args.actor.model_name_or_path, make_strategy(args), None, None, None, None, None,
+                             max_new_tokens=8)
+    gen = trainer.samples_generator
+    assert (gen.valid_threshold, gen.max_resample) == (1.0, 3)
+
+
 class EvalWithoutVLLM(SamplesGenerator):
     """Stands in for the vLLM engines' generation during evaluation: draws the prompts from the dataloader OpenRLHF's
     ``generate_eval_samples`` iterates, records the sampling it was asked for, and reports each response's

@@ -81,6 +81,20 @@ def test_gpg_resamples_until_enough_valid_groups(tmp_path, embedded_model_dir, s
     assert off.collect_rollouts()[1] == {}
 
 
+def test_dynamic_sampling_resamples_until_every_group_is_valid(tmp_path, embedded_model_dir, small_config):
+    """DAPO's dynamic sampling on GRPO: the same loop as GPG's resampling, asking for every group to be valid."""
+    cfg = small_config(tmp_path, **{"algo.name": "grpo", "algo.dynamic_sampling": 2})
+    trainer = build_trainer(cfg)
+    groups, info = trainer.collect_rollouts()
+    assert len(groups) == 4
+    valid = [not g.all_rewards_equal for g in groups]
+    assert valid == sorted(valid, reverse=True)
+    if not all(valid):
+        assert info["resample_rounds"] == 2
+    assert trainer.sampler.pos >= 4 * (1 + info["resample_rounds"]) or trainer.sampler.order
+    assert build_trainer(small_config(tmp_path / "off", **{"algo.name": "grpo"})).collect_rollouts()[1] == {}
+
+
 def test_gvpo_replays_historical_responses(tmp_path, embedded_model_dir, small_config):
     cfg = small_config(tmp_path, **{"algo.name": "gvpo", "rollout.replay_historical": 2,
                                     "task.max_operand": 1, "task.eval_fraction": 0.0})

@@ -189,10 +189,17 @@ class Algorithm(abc.ABC):
     #: penalty subtracted from the row's episode value and step return after discounting; needs ``episode_scope``
     #: turn, whose rows have values of their own).
     penalty_scope: str = "episode"
+    #: DAPO's dynamic sampling (arXiv 2503.14476 §3.2, Eq. 11's constraint 0 < |{o_i correct}| < G): while a batch
+    #: holds a group whose rewards are all equal (no advantage, no gradient), the rollout loop samples more prompts
+    #: and keeps the groups with reward spread, at most this many extra rounds, then trains on what it has. GPG's
+    #: resampling rule with every group required valid (:meth:`resampling`). 0: off.
+    dynamic_sampling: int = 0
 
     def __post_init__(self) -> None:
         if self.entropy_coef < 0:
             raise UserError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+        if self.dynamic_sampling < 0:
+            raise UserError(f"dynamic_sampling must be >= 0 (extra sampling rounds), got {self.dynamic_sampling}")
         if self.episode_scope not in EPISODE_SCOPES:
             raise UserError(f"episode_scope must be one of {EPISODE_SCOPES}, got {self.episode_scope!r}")
         if self.penalty_scope not in PENALTY_SCOPES:
@@ -213,8 +220,9 @@ class Algorithm(abc.ABC):
         return 0.0
 
     def resampling(self) -> Resampling:
-        """The rollout loop's rule for batches with too few valid groups; none by default."""
-        return Resampling()
+        """The rollout loop's rule for batches with too few valid groups: DAPO's dynamic sampling (every group valid,
+        at most ``dynamic_sampling`` extra rounds) when set; none by default."""
+        return Resampling(1.0, self.dynamic_sampling) if self.dynamic_sampling else Resampling()
 
     def with_length_budget(self, tokens: int) -> Algorithm:
         """This objective with its constant length normaliser set to ``tokens``, the most tokens one trained response
