@@ -551,6 +551,33 @@ def test_dynamic_sampling_is_the_resampling_rule_with_every_group_valid(name):
         algos.get(name, dynamic_sampling=-1)
 
 
+def test_overlong_penalty_is_dapos_equation_13():
+    """0 up to L_max - L_cache, then linear down to -1 at L_max, -1 beyond; times the factor."""
+    from mmrl.algos.base import overlong_penalty
+
+    lengths = torch.tensor([0, 10, 12, 13, 14, 16, 20])
+    want = torch.tensor([0.0, 0.0, 0.0, -0.25, -0.5, -1.0, -1.0])
+    torch.testing.assert_close(overlong_penalty(lengths, max_length=16, buffer=4), want)
+    torch.testing.assert_close(overlong_penalty(lengths, max_length=16, buffer=4, factor=0.5), want / 2)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_overlong_shaping_is_an_option_of_every_objective(name):
+    r, lengths = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([5, 15, 16])
+    assert algos.get(name).shaped_rewards(r, lengths) is r  # off by default
+    algo = algos.get(name, overlong_buffer=4, overlong_penalty=0.5)
+    with pytest.raises(ValueError, match="with_length_budget"):
+        algo.shaped_rewards(r, lengths)
+    budgeted = algo.with_length_budget(16)
+    assert budgeted.max_length == 16 and algos.get(name, overlong_buffer=4, max_length=8).with_length_budget(
+        16).max_length == 8  # an explicit L_max stays
+    torch.testing.assert_close(budgeted.shaped_rewards(r, lengths), torch.tensor([1.0, -0.375, 0.5]))
+    with pytest.raises(ValueError, match="0 < overlong_buffer <= max_length"):
+        algos.get(name, overlong_buffer=4).with_length_budget(3)
+    with pytest.raises(ValueError, match="overlong_buffer and overlong_penalty must be >= 0"):
+        algos.get(name, overlong_penalty=-1.0)
+
+
 def test_hyper_parameter_types_are_checked_with_one_line():
     with pytest.raises(ValueError, match="grpo.clip_low must be a finite number, got 'abc'"):
         algos.get("grpo", clip_low="abc")

@@ -295,6 +295,28 @@ def test_dynamic_sampling_gives_the_generator_the_every_group_valid_rule(tmp_pat
     assert (gen.valid_threshold, gen.max_resample) == (1.0, 3)
 
 
+def test_overlong_shaping_is_openrlhfs_dapo_penalty_on_the_rewards_that_train():
+    """mmrl's overlong shaping (both backends) against OpenRLHF's own DAPO penalty (``--reward.overlong_buffer_len``):
+    the same shaped rewards, and the advantages of the shaped rewards; the experience's own rewards (logged) stay."""
+    from openrlhf.trainer.ppo_utils.length_penalty import apply_overlong_penalty
+
+    from mmrl.openrlhf.experience import GROUP_KEY, whole_batch_advantages
+
+    lengths = torch.tensor([3, 7, 8, 5, 6, 8, 1, 2])
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    mask = (torch.arange(8)[None] < lengths[:, None]).float()
+    theirs = SimpleNamespace(rewards=rewards.clone(), response_length=lengths)
+    apply_overlong_penalty([theirs], max_new_tokens=8, overlong_buffer_len=4, overlong_penalty_factor=0.7)
+    algo = algos.get("grpo", overlong_buffer=4, overlong_penalty=0.7).with_length_budget(8)
+    torch.testing.assert_close(algo.shaped_rewards(rewards, lengths), theirs.rewards)
+    experiences = [SimpleNamespace(rewards=rewards[i:i + 4].clone(), action_mask=mask[i:i + 4],
+                                   action_log_probs=-torch.rand(4, 8), info={GROUP_KEY: torch.tensor([i // 4] * 4)})
+                   for i in (0, 4)]
+    advantages, _ = whole_batch_advantages(algo, experiences)
+    torch.testing.assert_close(advantages, algo.advantages(theirs.rewards, torch.arange(8) // 4))
+    assert torch.equal(torch.cat([e.rewards for e in experiences]), rewards)
+
+
 class EvalWithoutVLLM(SamplesGenerator):
     """Stands in for the vLLM engines' generation during evaluation: draws the prompts from the dataloader OpenRLHF's
     ``generate_eval_samples`` iterates, records the sampling it was asked for, and reports each response's
