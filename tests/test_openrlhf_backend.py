@@ -145,6 +145,26 @@ def test_grpo_matches_openrlhfs_own_ppo_loss_in_its_sequence_mean_mode():
     assert torch.allclose(ours[0], theirs[0], atol=1e-6) and torch.allclose(ours[1], theirs[1])
 
 
+@pytest.mark.parametrize("drift", [0.0, 0.002, 0.3])
+def test_gspo_matches_openrlhfs_own_gspo_loss(drift):
+    """mmrl's GSPO and OpenRLHF's ``policy_loss_type gspo`` (sequence ratio, per-sample mean) at the paper's clip
+    range: the same loss and gradient, with nothing, some or every response clipped."""
+    logp, _, mask, group_ids, rewards = loss_inputs(seed=4)
+    old = logp.detach() + drift * torch.randn(logp.shape, generator=torch.Generator().manual_seed(2))
+    algo = algos.get("gspo")
+    adv = algo.advantages(rewards, group_ids)
+    loss_fn = MmrlPolicyLoss(algo)
+    loss_fn.bind(MicroBatch(group_ids, {}, scale=1.0))
+    ours = loss_fn(logp, old, adv[:, None] * mask, action_mask=mask)[0]
+    theirs = PolicyLoss(clip_eps_low=3e-4, clip_eps_high=4e-4, policy_loss_type="gspo")(
+        logp, old, adv[:, None] * mask, action_mask=mask)[0]
+    (grad,) = torch.autograd.grad(ours, logp)
+    (want,) = torch.autograd.grad(theirs, logp)
+    assert torch.allclose(ours, theirs, atol=1e-7) and torch.allclose(grad, want, atol=1e-8)
+    clipped = loss_fn.last_metrics["clip_frac"]
+    assert clipped == 0 if drift == 0 else clipped > 0
+
+
 def make_experiences(tmp_path, algo: str, group_rewards=GROUP_REWARDS):
     args = launch_args(tmp_path, algo)
     maker = MmrlExperienceMaker(None, None, None, None, None, SimpleNamespace(args=args),
