@@ -8,6 +8,12 @@ ARCH := $(shell uname -m)
 AARCH64 := $(filter aarch64 arm64,$(ARCH))
 TORCH ?= $(if $(AARCH64),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
 BIN := $(VENV)/bin
+# The venv's bin comes first on PATH, as in an activated venv. Some sdists build by calling a bare `python` (TextWorld's
+# fast-downward-textworld runs `python build.py`). Under pip's build isolation that child gets pip's sitecustomize,
+# which empties sys.path and re-adds this venv's site-packages; if `python` is another interpreter (a pyenv shim, the
+# system one), the editable mmrl .pth there runs its import with no standard library on sys.path and the build dies
+# with "No module named 'glob'". The venv's own python has already imported that .pth at start-up, so it builds.
+export PATH := $(abspath $(BIN)):$(PATH)
 # pip compiles every installed module to bytecode one file at a time, a large part of torch's install time: the
 # installs skip it and `$(COMPILE)` then compiles the venv on every core. A file that does not compile (pip's own
 # pass skips those too) compiles, or fails, when it is imported.
