@@ -1,8 +1,10 @@
-"""Render docs/results.md from the committed benchmark summaries in benchmarks/results/*.json.
+"""Render docs/results.md from the published benchmark summaries in benchmarks/results/*.json.
 
 Every measured figure the README and the guides quote lives on that page, each with the command that produced it;
 the page is never edited by hand. ``--check`` exits 1 when the page differs from what the summaries render (a test
-runs it), so a new or changed summary cannot land without its page.
+renders the committed ones), so a new or changed summary cannot land without its page. The folder holds published
+summaries only: a benchmark writes there on ``--publish`` alone, and any other JSON file there is named and refused
+(exit 2) rather than rendered.
 
     python benchmarks/report.py            # write docs/results.md
     python benchmarks/report.py --check    # is docs/results.md current?
@@ -27,9 +29,17 @@ What does mmrl measure, on what, and how do I get the same figure? Every table b
 `python benchmarks/report.py` from a summary file in `benchmarks/results/` that a benchmark wrote; each names its
 command, machine and versions. Learning figures are means over seeds with the standard error (SE, n - 1) and the
 range; ratios are measured side by side in one run. Do not edit this page: rerun the command, commit its JSON, and
-render the page again. A benchmark run with its default `--out` replaces the published summary of that table; to try
-other settings, give `--out` a folder of your own.
+render the page again.
+
+Where results go: a benchmark run with its default arguments writes its summary and run files under `runs/bench/`
+(`runs/bench/<name>.json` beside the folder `runs/bench/<name>/`; git ignores `runs/`), so trying a benchmark never
+changes this page or the checkout. Publishing is a separate step: `--publish` writes into `benchmarks/results/<name>`,
+replacing the summary of that table (`benchmarks/gpu_check.py` publishes with `--from <its JSON> --publish`); then run
+`python benchmarks/report.py` and commit the summary with the page.
 """
+
+STRAY = ("this folder holds only the published summaries that docs/results.md renders: move the file out "
+         "(a benchmark's own output goes under runs/bench/)")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -39,7 +49,7 @@ def load(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a readable JSON summary ({exc})") from None
     if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: field 'schema' is not {SCHEMA!r}")
+        raise ValueError(f"{path}: not a published summary (field 'schema' is not {SCHEMA!r}); {STRAY}")
     for key in ("title", "command", "date", "machine", "versions", "rows"):
         if key not in summary:
             raise ValueError(f"{path}: field {key!r} is missing")
@@ -94,8 +104,13 @@ def section(name: str, summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(results: Path = RESULTS) -> str:
-    summaries = sorted(results.glob("*.json")) if results.is_dir() else []
+def render(results: Path | None = None, summaries: list[Path] | None = None) -> str:
+    """The page of ``summaries`` (by default every ``*.json`` in ``results``, benchmarks/results/); a file that is not
+    a summary is refused."""
+    results = RESULTS if results is None else results
+    if summaries is None:
+        summaries = list(results.glob("*.json")) if results.is_dir() else []
+    summaries = sorted(summaries, key=lambda p: p.name)
     parts = [HEADER]
     if not summaries:
         parts.append("\nNo summary is committed yet.\n")
