@@ -96,9 +96,12 @@ lint: $(VENV)/.installed-lint
 	$(BIN)/hadolint docker/Dockerfile docker/Dockerfile.alfworld docker/Dockerfile.cpu
 	$(BIN)/shellcheck examples/cluster/*.sh
 
+# `make bench` writes under runs/bench/ (git ignores it); `make bench BENCH_FLAGS=--publish` replaces the published
+# summaries in benchmarks/results/ instead (then `python benchmarks/report.py` and commit both).
+BENCH_FLAGS ?=
 bench: setup
-	$(BIN)/python benchmarks/objectives.py
-	$(BIN)/python benchmarks/learning.py
+	$(BIN)/python benchmarks/objectives.py $(BENCH_FLAGS)
+	$(BIN)/python benchmarks/learning.py $(BENCH_FLAGS)
 
 # The extra packages of benchmarks/gpu_check.py as cp312 manylinux wheels, for a GPU machine without internet whose
 # stock Python 3.12 has torch and transformers but not these (docs/gpu.md). --no-deps: the file pins every one.
