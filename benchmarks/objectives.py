@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 import verl_objectives as vo
-from summary import result_row, write_summary
+from summary import add_out_arguments, result_row, write_summary
 
 import mmrl.algos as algos
 from mmrl.errors import UserError
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="time verl's own implementation of each objective beside mmrl's")
     parser.add_argument("--verl-path", metavar="DIR",
                         help="folder verl is installed in (pip install --target DIR); implies --against-verl")
-    parser.add_argument("--out", default="benchmarks/results/objectives")
+    add_out_arguments(parser, "objectives")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.repeats < 1:
         print("objectives: --runs and --repeats must be >= 1", file=sys.stderr)
