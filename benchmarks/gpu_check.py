@@ -173,8 +173,8 @@ def check(name: str, dtype: str | None, value: Any, limit: Any, passed: bool, no
 
 def text_prompts(tokenizer, n: int) -> list[list[int]]:
     """The first held-out arithmetic prompts, as training encodes them."""
+    from mmrl.run.prompts import encode_prompt
     from mmrl.tasks import get_task
-    from mmrl.trainer.rollout import encode_prompt
 
     task = get_task("arithmetic")
     return [encode_prompt(tokenizer, row["messages"], 512) for row in task.eval[:n]]
@@ -306,10 +306,10 @@ def checkpoint_round_trip(device, steps: int, root: Path) -> list[dict[str, Any]
     resumed trainer's RNG states and weights must be those at the save, and its steps those of run A."""
     from common import run_config
 
-    from mmrl.trainer.checkpoint import rng_state
-    from mmrl.trainer.config import resolve_config
+    from mmrl.run.checkpoint import rng_state
+    from mmrl.run.config import resolve_config
+    from mmrl.run.metrics import read_metrics
     from mmrl.trainer.local import build_trainer
-    from mmrl.trainer.metrics import read_metrics
 
     half = steps // 2
     base = {**SMALL_RUN, "model.device": str(device), "run.steps": steps, "run.checkpoint_every": half,

@@ -10,8 +10,8 @@ import torch
 
 import mmrl.algos as algos
 from mmrl.cache import EMBEDDED_GROUNDING_NAME, EMBEDDED_NAME, EMBEDDED_VL_NAME, VL_RECIPE_VERSION
+from mmrl.run.build import build_algorithm, build_task, response_budget
 from mmrl.train import parse_config
-from mmrl.trainer.build import build_algorithm, build_task, response_budget
 
 CLUSTER = ["--cluster.nodes", "1", "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
            "--rollout.prompts_per_step", "4", "--rollout.samples_per_prompt", "4", "--steps", "3"]
@@ -128,8 +128,8 @@ def test_loading_an_embedded_policy_draws_no_weight_loading_bar(tmp_path, capfd)
     other bars, and its warnings, stay as they were."""
     from transformers.utils.logging import tqdm as transformers_tqdm
 
-    from mmrl.trainer.build import load_policy
-    from mmrl.trainer.config import resolve_config
+    from mmrl.run.build import load_policy
+    from mmrl.run.config import resolve_config
 
     capfd.readouterr()
     load_policy(resolve_config([({"run.out_dir": str(tmp_path / "run")}, "test")]), torch.device("cpu"))

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from mmrl.run.config import validate
+from mmrl.run.eval_sets import build_eval_sets
 from mmrl.train import parse_config
-from mmrl.trainer.config import validate
-from mmrl.trainer.eval_sets import build_eval_sets
 
 
 def _math_file(path, n, answer_key="answer", offset=0):
@@ -46,7 +46,7 @@ def test_sets_are_built_from_the_run_task_with_their_own_options(tmp_path):
     ])
     cfg = parse_config(["--task", "math", "--task.path", train, "--task.eval_fraction", "0.25",
                         "--evaluation.sets", sets])
-    from mmrl.trainer.build import build_task
+    from mmrl.run.build import build_task
 
     task = build_task(cfg)
     held, benchmark = build_eval_sets(cfg, task)

@@ -108,9 +108,15 @@ def test_the_leaf_and_lower_layers_import_nothing_above_them():
 
 def test_neither_backend_imports_the_other():
     graph = package_graph()
-    local = [edge for edges in graph.get("openrlhf", {}).values() for edge in edges if "mmrl.trainer.local" in edge]
-    assert not local, f"the openrlhf backend imports the local trainer: {local}"
+    assert "trainer" not in graph.get("openrlhf", {}), f"openrlhf imports the local backend: {graph['openrlhf']}"
     assert "openrlhf" not in graph.get("trainer", {}), f"the local backend imports openrlhf: {graph['trainer']}"
+
+
+def test_the_shared_run_package_imports_no_backend():
+    """mmrl/run holds what both backends share, so it sits below both of them."""
+    graph = package_graph()
+    above = {"trainer", "openrlhf"} & set(graph.get("run", {}))
+    assert not above, f"mmrl/run imports a backend: {[graph['run'][p] for p in above]}"
 
 
 def test_no_code_asks_an_objective_its_name_or_reads_its_fields_by_getattr():

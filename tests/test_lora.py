@@ -115,7 +115,7 @@ def test_a_lora_step_changes_only_adapters_and_rescoring_equals_the_sampler(tmp_
 
 def test_lora_checkpoints_hold_only_adapters_and_resume_bit_identically(tmp_path, embedded_model_dir,
                                                                         small_config):
-    from mmrl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from mmrl.run.checkpoint import latest_checkpoint, load_checkpoint
     from mmrl.trainer.local import build_trainer
 
     straight = build_trainer(small_config(tmp_path / "a", **LORA, **{"run.steps": 2}))
@@ -143,7 +143,7 @@ def test_eval_loads_a_lora_runs_adapters_and_saves_every_completion(tmp_path, em
     import json
 
     from mmrl.eval import main as eval_main
-    from mmrl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from mmrl.run.checkpoint import latest_checkpoint, load_checkpoint
     from mmrl.trainer.local import build_trainer
 
     trainer = build_trainer(small_config(tmp_path, **LORA, **{"run.steps": 1}))

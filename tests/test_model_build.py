@@ -24,8 +24,8 @@ from mmrl.models.build import build_model
 from mmrl.models.embedded import BUILD_RECORD, BUILDERS, KERNELS_PINNED_HERE, write_embedded
 from mmrl.models.loading import is_embedded
 from mmrl.models.shipped import WEIGHTS_DIR
+from mmrl.run.build import build_task
 from mmrl.train import parse_config
-from mmrl.trainer.build import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 

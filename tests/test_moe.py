@@ -10,8 +10,9 @@ import mmrl.algos as algos
 from mmrl import moe
 from mmrl.batch import Group, Response, collate
 from mmrl.models import load_model, load_tokenizer
+from mmrl.run.prompts import encode_prompt
 from mmrl.trainer.local import build_trainer
-from mmrl.trainer.rollout import encode_prompt, response_logprobs
+from mmrl.trainer.rollout import response_logprobs
 
 MOE = "embedded:tiny-qwen3-moe"
 

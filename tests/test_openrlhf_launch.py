@@ -20,9 +20,9 @@ from mmrl.openrlhf.checkpoint import remove_tag, rotate_tags
 from mmrl.openrlhf.cli import parse_openrlhf_args
 from mmrl.openrlhf.launch import prepare, resolve_launch
 from mmrl.openrlhf.reward import completion_text
+from mmrl.run.config import validate
 from mmrl.tasks import get_task
 from mmrl.train import parse_config
-from mmrl.trainer.config import validate
 
 SMALL_CLUSTER = ["--cluster.nodes", "1", "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
                  "--rollout.prompts_per_step", "4", "--rollout.samples_per_prompt", "4", "--steps", "3"]
@@ -86,7 +86,7 @@ def test_lr_schedule_is_the_same_on_both_backends(schedule, tmp_path, embedded_m
     the cosine, openrlhf/utils/deepspeed/deepspeed.py) give the same lr at every optimizer step."""
     from transformers import get_scheduler
 
-    from mmrl.trainer.schedule import build_scheduler
+    from mmrl.run.schedule import build_scheduler
 
     extra = ["--optim.min_lr_ratio", "0.1"] if schedule == "cosine" else []
     cfg = parse_config(["--backend", "openrlhf", "--out", str(tmp_path), *SMALL_CLUSTER, "--steps", "20",
@@ -192,7 +192,7 @@ def test_the_launch_holds_the_run_directory(tmp_path, embedded_model_dir):
     """The driver's claim is the local trainer's: while it holds the folder, no run of either backend writes there."""
     import os
 
-    from mmrl.trainer.run_dir import claim
+    from mmrl.run.run_dir import claim
 
     out = tmp_path / "run"
     _, owner = prepare(openrlhf_cfg(out))
@@ -467,7 +467,7 @@ def test_dry_run_of_an_image_task_checks_the_model_family(tmp_path, capsys, embe
 def test_secret_flags_of_cluster_extra_are_masked_in_the_launch_and_config_json(tmp_path, capsys,
                                                                                 embedded_model_dir):
     from mmrl.openrlhf.launch import describe
-    from mmrl.trainer.masking import is_secret
+    from mmrl.run.masking import is_secret
 
     extra = '{"--logger.wandb.key": "wk-123456", "actor.entropy_coef": 0.0}'
     cfg = parse_config(["--backend", "openrlhf", "--out", str(tmp_path), *SMALL_CLUSTER, "--cluster.extra", extra])

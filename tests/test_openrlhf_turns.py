@@ -30,9 +30,10 @@ from mmrl.models import load_tokenizer  # noqa: E402
 from mmrl.openrlhf.grouping import GROUP_KEY, lay_out_turns  # noqa: E402
 from mmrl.openrlhf.launch import episode_rows, resolve_launch  # noqa: E402
 from mmrl.openrlhf.vllm_stand_in import CompletionOutput, RequestOutput, SamplingParams  # noqa: E402
+from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.train import parse_config  # noqa: E402
-from mmrl.trainer.episodes import Episode, Turn, TurnRenderer, run_episodes  # noqa: E402
+from mmrl.trainer.episodes import Episode, Turn, run_episodes  # noqa: E402
 from mmrl.trainer.local import turn_steps  # noqa: E402
 
 with openrlhf_importable():
@@ -162,7 +163,7 @@ def test_turn_rows_and_advantages_equal_the_local_backends(name, flags, tmp_path
 def test_the_launch_plays_the_turn_layout_and_counts_mini_batches_in_turns(tmp_path):
     from mmrl.errors import UserError
     from mmrl.openrlhf.grouping import rank_shares
-    from mmrl.trainer.config import validate
+    from mmrl.run.config import validate
 
     base = ["--backend", "openrlhf", "--task", "alfworld", "--algo", "gigpo", "--model", AGENT,
             "--rollout.agent_layout", "turn", "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "4",

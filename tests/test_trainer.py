@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mmrl.algos as algos
-from mmrl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from mmrl.run.checkpoint import latest_checkpoint, load_checkpoint
 from mmrl.trainer.local import build_trainer
 from mmrl.trainer.rollout import batch_logprobs
 
@@ -263,7 +263,8 @@ def test_bf16_autocast_and_gradient_checkpointing_train(tmp_path, embedded_model
 def test_sampler_ignores_logits_processors_shipped_in_generation_config(embedded_model_dir):
     """A checkpoint's generation_config (top_k=1, repetition penalty) must not change what we sample."""
     from mmrl.models import load_model, load_tokenizer
-    from mmrl.trainer.rollout import encode_prompt, generate
+    from mmrl.run.prompts import encode_prompt
+    from mmrl.trainer.rollout import generate
 
     tok = load_tokenizer("embedded:tiny-qwen2")
     model = load_model("embedded:tiny-qwen2")
@@ -281,7 +282,7 @@ def test_too_long_prompts_fail_at_start_naming_the_field(tmp_path, embedded_mode
 
 
 def test_metrics_survive_a_half_written_line(tmp_path):
-    from mmrl.trainer.metrics import MetricsLog, read_metrics
+    from mmrl.run.metrics import MetricsLog, read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "reward": 1}\n{"step": 1, "rew')

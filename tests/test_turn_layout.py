@@ -15,10 +15,11 @@ pytest.importorskip("mmrl.envs.alfworld")
 
 from mmrl.batch import Group, collate  # noqa: E402
 from mmrl.models import load_tokenizer  # noqa: E402
+from mmrl.run.build import build_algorithm  # noqa: E402
+from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.train import parse_config  # noqa: E402
-from mmrl.trainer.build import build_algorithm  # noqa: E402
-from mmrl.trainer.episodes import Episode, Turn, TurnRenderer, run_episodes  # noqa: E402
+from mmrl.trainer.episodes import Episode, Turn, run_episodes  # noqa: E402
 from mmrl.trainer.local import build_trainer  # noqa: E402
 
 AGENT = "embedded:tiny-qwen2-agent"
@@ -107,7 +108,7 @@ def test_layout_combinations_fail_at_start_with_one_line():
     with pytest.raises(ValueError, match="agent_layout turn is for multi-turn"):
         algo_for("--algo", "grpo", "--rollout.agent_layout", "turn", multi_turn=False)
     with pytest.raises(ValueError, match="rollout.agent_layout must be episode or turn"):
-        from mmrl.trainer.config import validate
+        from mmrl.run.config import validate
 
         validate(parse_config(["--rollout.agent_layout", "turns"]))
     # Dr.GRPO's constant normaliser is one turn's budget in the turn layout, a whole episode's otherwise
@@ -191,9 +192,9 @@ def test_held_out_play_is_in_the_layout_the_policy_trained_in(tmp_path):
     cache to carry between its re-built prompts), and ``mmrl.eval`` of a run directory takes the run's layout."""
     from mmrl.eval import parse_command
     from mmrl.models import load_model
+    from mmrl.run.run_dir import claim
     from mmrl.train import parse_config
     from mmrl.trainer.evaluate import evaluate_episode_groups
-    from mmrl.trainer.run_dir import claim
 
     task = get_task("alfworld", **FAST, max_steps=3, task_types="pick_and_place")
     tok = load_tokenizer(AGENT)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmrl.trainer.eval_sets import EvalSet
-from mmrl.trainer.evaluate import pass_at_k
+from mmrl.run.eval_sets import EvalSet
+from mmrl.run.scoring import pass_at_k
 
 CORRECT_KEYS = {False: "mmrl/accuracy", True: "won"}  # by task.multi_turn: what the reward / agent logs per response
 

@@ -4,7 +4,7 @@ Resolution happens on the driver and fails at start with one line: the mmrl conf
 the batch layout checked against the GPUs, the task's splits exported as OpenRLHF prompt files, and the OpenRLHF
 arguments parsed by OpenRLHF's own parser. Only then does :func:`mmrl.openrlhf.driver.run` start Ray.
 
-The run directory is claimed as the local trainer claims its own (mmrl.trainer.run_dir): locked for the driver's
+The run directory is claimed as the local trainer claims its own (mmrl.run.run_dir): locked for the driver's
 lifetime, a foreign folder refused, a resume that changes what is trained refused, and what the run writes recorded,
 so that ``--run.overwrite`` removes only that. A launch refused at start leaves no new file or folder behind.
 """
@@ -46,12 +46,12 @@ from mmrl.openrlhf.rehearsal import gpu_note as rehearsal_gpu_note
 from mmrl.openrlhf.rehearsal import remove_logs as remove_rehearsal_logs
 from mmrl.openrlhf.replay import check_replay_flags, check_resumed_store
 from mmrl.openrlhf.reward import reward_file_text
-from mmrl.trainer.build import build_algorithm, build_task
-from mmrl.trainer.config import TrainConfig, validate
-from mmrl.trainer.eval_sets import build_eval_sets
-from mmrl.trainer.loggers import WANDB_DIR, remove_event_files, remove_wandb_files, wandb_mode
-from mmrl.trainer.masking import MASKED_URL, mask_urls
-from mmrl.trainer.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, claim, inspect
+from mmrl.run.build import build_algorithm, build_task
+from mmrl.run.config import TrainConfig, validate
+from mmrl.run.eval_sets import build_eval_sets
+from mmrl.run.loggers import WANDB_DIR, remove_event_files, remove_wandb_files, wandb_mode
+from mmrl.run.masking import MASKED_URL, mask_urls
+from mmrl.run.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, claim, inspect
 
 log = logging.getLogger("mmrl.openrlhf")
 
@@ -59,7 +59,7 @@ AGENT_MODULES = {"alfworld": "mmrl.envs.adapters.openrlhf_agent"}  # multi-turn 
 TURN_AGENT_MODULE = "mmrl.openrlhf.turn_agent"  # rollout.agent_layout turn: every env step its own row
 FILES_DIR = "openrlhf"  # the prompt files and reward_func file, under the run directory
 PROMPT_FILES = re.compile(r"(train|eval|eval_[A-Za-z0-9_-]+)\.jsonl|reward_func\.py")  # its files (resolve_launch)
-TENSORBOARD_DIR = "tensorboard"  # OpenRLHF's event files (mmrl.trainer.loggers.openrlhf_flags)
+TENSORBOARD_DIR = "tensorboard"  # OpenRLHF's event files (mmrl.run.loggers.openrlhf_flags)
 MODEL_DIR = "model"  # the final model, saved by OpenRLHF (args.ckpt.output_dir)
 ACTOR_CHECKPOINTS = "checkpoints/_actor"  # OpenRLHF's DeepSpeed checkpoints of the policy (args.ckpt.path/_actor)
 
@@ -115,7 +115,7 @@ class Launch:
 
 def algorithm_spec(cfg: TrainConfig, algo: algos.Algorithm) -> dict[str, Any]:
     """What every Ray actor needs to rebuild mmrl's objective ``algo`` (built on the driver by
-    `mmrl.trainer.build.build_algorithm`, as the local trainer builds it): its name and every resolved hyper-parameter,
+    `mmrl.run.build.build_algorithm`, as the local trainer builds it): its name and every resolved hyper-parameter,
     so that ``algos.get(spec["algo"], **spec["params"])`` is the same objective, constant normaliser included."""
     return {"algo": algo.name, "params": dataclasses.asdict(algo), "samples_per_prompt": cfg.rollout.samples_per_prompt,
             "uses_reference": algo.uses_reference(), "kl_coef": algo.reference_kl_coef(),
@@ -369,7 +369,7 @@ def launch(cfg: TrainConfig, dry_run: bool = False) -> int:
 
 def _start(cfg: TrainConfig, resolved: Launch) -> None:
     out = cfg.out_dir.resolve()
-    if cfg.run.wandb:  # OpenRLHF's W&B logger reads these in its Ray actors (see mmrl.trainer.loggers.openrlhf_flags)
+    if cfg.run.wandb:  # OpenRLHF's W&B logger reads these in its Ray actors (see mmrl.run.loggers.openrlhf_flags)
         os.environ["WANDB_MODE"] = wandb_mode()
         os.environ.setdefault("WANDB_DIR", str(out))
     if not cfg.cluster.ray_address:  # before the driver imports Ray: the Ray it starts listens on loopback only

@@ -2,7 +2,7 @@
 
 Changes happen before DeepSpeed builds the optimizer, which is the only point where they are cheap and exact:
 
-* dropout and router jitter off (``mmrl.trainer.build.disable_dropout``, as the local trainer): π_old, computed by the
+* dropout and router jitter off (``mmrl.run.build.disable_dropout``, as the local trainer): π_old, computed by the
   actor's eval-mode forward, and the training forward must be the same function at the first update;
 * ``moe.freeze_router``: the routers' weights get ``requires_grad = False``, so ``get_optimizer_grouped_parameters``
   leaves them out of DeepSpeed's optimizer (no update, no optimizer state, no ZeRO partition for them);
@@ -48,7 +48,7 @@ HOSTED: list[tuple[Any, Any]] = []
 
 def prepare_policy(model: torch.nn.Module, freeze_router: bool) -> None:
     """In place: dropout off; routers frozen when asked (a dense model with ``freeze_router`` is an error)."""
-    from mmrl.trainer.build import disable_dropout
+    from mmrl.run.build import disable_dropout
 
     disable_dropout(model)
     if freeze_router:

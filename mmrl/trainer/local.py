@@ -12,7 +12,7 @@ loss; the rest of the loop is the same. They may start with a supervised warm-up
 (mmrl/trainer/sft.py).
 
 The run's objects (task and reward, objective, model, tokenizer, vision processor) come from the backend-neutral
-build layer (mmrl/trainer/build.py), as for the OpenRLHF backend. This file knows no objective by name: what one needs
+build layer (mmrl/run/build.py), as for the OpenRLHF backend. This file knows no objective by name: what one needs
 from the loop is declared by the `mmrl.algos.Algorithm` contract (GPG's resampling rule β_th, GPG's Alg. 1 line 1;
 GVPO's replay of historical responses as an off-policy π_s, GVPO's Theorem 3.2; a reference model).
 """
@@ -45,10 +45,7 @@ from mmrl.models import load_tokenizer
 from mmrl.models.lora import FrozenBase, LoraSettings, add_lora, load_policy_weights, policy_weights
 from mmrl.replay import ReplayStore
 from mmrl.rewards.base import RewardResult
-from mmrl.samples import SAMPLES_FILE, RunSamples, group_records
-from mmrl.tasks import Task
-from mmrl.tasks.base import EnvTask
-from mmrl.trainer.build import (
+from mmrl.run.build import (
     build_algorithm,
     build_task,
     check_episode_budget,
@@ -59,24 +56,27 @@ from mmrl.trainer.build import (
     pick_device,
     reference_needed,
 )
-from mmrl.trainer.checkpoint import latest_checkpoint, load_latest, save_checkpoint, set_aside, set_rng_state
-from mmrl.trainer.config import TrainConfig, validate
-from mmrl.trainer.episodes import Episode, TurnRenderer, episode_metrics, model_policy, run_episodes
-from mmrl.trainer.eval_sets import EvalSet, build_eval_sets
+from mmrl.run.checkpoint import latest_checkpoint, load_latest, save_checkpoint, set_aside, set_rng_state
+from mmrl.run.config import TrainConfig, validate
+from mmrl.run.eval_sets import EvalSet, build_eval_sets
+from mmrl.run.loggers import RunLoggers
+from mmrl.run.masking import masked_config
+from mmrl.run.metrics import MetricsLog, plot_curves, read_metrics
+from mmrl.run.prompts import TurnRenderer, encode_prompt
+from mmrl.run.run_dir import RunDir, claim, refuse_finished
+from mmrl.run.schedule import build_scheduler
+from mmrl.samples import SAMPLES_FILE, RunSamples, group_records
+from mmrl.tasks import Task
+from mmrl.tasks.base import EnvTask
+from mmrl.trainer.episodes import Episode, episode_metrics, model_policy, run_episodes
 from mmrl.trainer.evaluate import evaluate_episode_groups, evaluate_groups
-from mmrl.trainer.loggers import RunLoggers
-from mmrl.trainer.masking import masked_config
-from mmrl.trainer.metrics import MetricsLog, plot_curves, read_metrics
 from mmrl.trainer.rollout import (
     ROW_BY_ROW_MIN_WIDTH,
     batch_logprobs,
-    encode_prompt,
     generate,
     response_logprobs,
     score_groups,
 )
-from mmrl.trainer.run_dir import RunDir, claim, refuse_finished
-from mmrl.trainer.schedule import build_scheduler
 from mmrl.trainer.sft import run_demonstrations, warm_up
 from mmrl.trainer.vision_prompts import PromptCache, prompts_vision
 

@@ -4,7 +4,7 @@ config → task (with its reward; `build_task`), objective (`build_algorithm`), 
 vision processor (`load_vision`), plus the start-up checks that need them. The local backend (mmrl/trainer/local.py)
 and the OpenRLHF backend (mmrl/openrlhf/) both import this module and neither imports the other, so an objective, a
 task or a reward is built one way whatever runs it. Which model a task wants by default is the task's declaration
-(``register_task(..., config_defaults=...)``), applied when the config is resolved (`mmrl.trainer.config`).
+(``register_task(..., config_defaults=...)``), applied when the config is resolved (`mmrl.run.config`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ from mmrl.models import is_embedded, load_model
 from mmrl.models.loading import load_vision_processor
 from mmrl.models.lora import LoraSettings, parse_targets
 from mmrl.rewards import RewardModelScorer, weighted
+from mmrl.run.config import TrainConfig
+from mmrl.run.prompts import TurnRenderer, check_prompts, encode_prompt, task_has_images
 from mmrl.tasks import Task, get_task
 from mmrl.tasks.base import EnvTask, options_for_model, sample_place
-from mmrl.trainer.config import TrainConfig
-from mmrl.trainer.episodes import TurnRenderer
-from mmrl.trainer.rollout import encode_prompt
-from mmrl.trainer.vision_prompts import check_prompts, task_has_images
 
 
 def build_task(cfg: TrainConfig) -> Task | EnvTask:
