@@ -692,7 +692,7 @@ def pick_device(name: str) -> torch.device:
 def tiny_vl_model(directory: Path) -> str:
     """The embedded vision model's tokenizer, processor and architecture, untrained (seed 0), saved as a local
     checkpoint: ``--tiny`` runs exercise the vision code paths without its minutes of pre-training."""
-    from mmrl.models.embedded_vl import vl_tokenizer
+    from mmrl.models.recipes.embedded_vl import vl_tokenizer
     from mmrl.vision.embedded import build_processor, tiny_qwen2_5_vl
 
     tokenizer = vl_tokenizer()

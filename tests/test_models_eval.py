@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from mmrl.models import load_model, load_tokenizer, resolve
-from mmrl.models.embedded import train_tokenizer
+from mmrl.models.recipes.embedded import train_tokenizer
 from mmrl.run.scoring import pass_at_k
 
 

@@ -435,8 +435,8 @@ def test_the_grounding_default_localises_a_lone_shape(grounding_dir):
 
     from transformers import Qwen3VLForConditionalGeneration
 
-    from mmrl.models.embedded_vl import grounding_examples
-    from mmrl.models.pretrain import collate
+    from mmrl.models.recipes.embedded_vl import grounding_examples
+    from mmrl.models.recipes.pretrain import collate
 
     vp = VisionProcessor.from_pretrained(str(grounding_dir))
     model = Qwen3VLForConditionalGeneration.from_pretrained(str(grounding_dir)).eval()

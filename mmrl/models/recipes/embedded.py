@@ -2,7 +2,7 @@
 
 The models ship with the package as files (`mmrl.models.shipped`: ``mmrl/models/weights/``, each checked against the
 sha256 in its manifest) and are never built at run time. The recipes below are how they were built, and
-``python -m mmrl.models.build NAME --out DIR`` (`mmrl.models.build`) runs one again.
+``python -m mmrl.models.recipes.build NAME --out DIR`` (`mmrl.models.recipes.build`) runs one again.
 
 A rebuild is a new model, not a copy of the shipped one. Pre-training a tiny model from scratch is chaotic: a matmul
 that rounds one last bit differently grows, over hundreds of steps, into a different model, and PyTorch and MKL pick
@@ -37,7 +37,7 @@ it warm-started again on the same demonstrations in the turn layout (``rollout.a
 differ from the episode layout's.
 
 ``embedded:tiny-qwen2.5-vl`` (the default of tasks with images) and ``embedded:tiny-qwen3-vl`` (the default of
-``--task grounding``, whose ViT knows absolute positions) are built by `mmrl.models.embedded_vl`.
+``--task grounding``, whose ViT knows absolute positions) are built by `mmrl.models.recipes.embedded_vl`.
 
 Names and recipe versions live in the leaf module `mmrl.cache`.
 """
@@ -60,6 +60,7 @@ from mmrl.cache import (
     EMBEDDED_VL_NAME,
     RECIPE_VERSIONS,
 )
+from mmrl.models.shipped import BUILD_RECORD
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
@@ -192,9 +193,9 @@ def countdown_example(rng: random.Random, _rows: list = []) -> tuple[str, str]: 
 
 
 def text_examples(tokenizer, example=arithmetic_example):
-    """``draw(rng)`` for `mmrl.models.pretrain.pretrain`: a chat prompt of ``example(rng) -> (question, answer)`` and
-    its target ``<answer>answer</answer>`` (end of turn included)."""
-    from mmrl.models.pretrain import Example
+    """``draw(rng)`` for `mmrl.models.recipes.pretrain.pretrain`: a chat prompt of
+    ``example(rng) -> (question, answer)`` and its target ``<answer>answer</answer>`` (end of turn included)."""
+    from mmrl.models.recipes.pretrain import Example
 
     def draw(rng: random.Random) -> Example:
         question, solution = example(rng)
@@ -207,7 +208,7 @@ def text_examples(tokenizer, example=arithmetic_example):
 
 
 def _build_dense(steps: int | None = None):
-    from mmrl.models.pretrain import pretrain
+    from mmrl.models.recipes.pretrain import pretrain
 
     tokenizer = train_tokenizer()
     model = tiny_qwen2(tokenizer)
@@ -217,7 +218,7 @@ def _build_dense(steps: int | None = None):
 
 
 def _build_moe(steps: int | None = None):
-    from mmrl.models.pretrain import pretrain
+    from mmrl.models.recipes.pretrain import pretrain
 
     tokenizer = train_tokenizer(countdown=True)
     model = tiny_qwen3_moe(tokenizer)
@@ -227,20 +228,20 @@ def _build_moe(steps: int | None = None):
 
 
 def _build_vl(steps: int | None = None):
-    from mmrl.models.embedded_vl import build_tiny_vl
+    from mmrl.models.recipes.embedded_vl import build_tiny_vl
 
     return build_tiny_vl(steps)
 
 
 def _build_grounding_vl(steps: int | None = None):
-    from mmrl.models.embedded_vl import build_tiny_grounding_vl
+    from mmrl.models.recipes.embedded_vl import build_tiny_grounding_vl
 
     return build_tiny_grounding_vl(steps)
 
 
 def _build_agent(steps: int | None = None):
     """The agent's recipe has no pre-training (see the module docstring): ``steps`` changes nothing."""
-    from mmrl.models.agent_corpus import alfworld_corpus
+    from mmrl.models.recipes.agent_corpus import alfworld_corpus
 
     tokenizer = train_tokenizer(vocab_size=1024, corpus=alfworld_corpus)
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE  # v3: tool calling (TRL); plain chats render as before
@@ -267,12 +268,9 @@ def pinned_kernel_env() -> dict[str, str]:
     env = dict(os.environ)
     if KERNELS_PINNED_HERE:
         env.update(PINNED_KERNELS)
-    source_root = str(Path(__file__).resolve().parents[2])  # the folder holding the mmrl package
+    source_root = str(Path(__file__).resolve().parents[3])  # the folder holding the mmrl package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH", "")) if p)
     return env
-
-
-BUILD_RECORD = "build.json"  # how a model was built: the recipe, its steps, the kernels, the library versions
 
 
 def write_embedded(name: str, directory: Path, steps: int | None = None) -> None:
