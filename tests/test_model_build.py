@@ -22,7 +22,7 @@ from mmrl.cache import (
 )
 from mmrl.models.loading import is_embedded
 from mmrl.models.recipes.build import build_model
-from mmrl.models.recipes.embedded import BUILDERS, KERNELS_PINNED_HERE, write_embedded
+from mmrl.models.recipes.registry import BUILDERS, KERNELS_PINNED_HERE, write_embedded
 from mmrl.models.shipped import BUILD_RECORD, WEIGHTS_DIR
 from mmrl.run.build import build_task
 from mmrl.train import parse_config

@@ -33,8 +33,9 @@ from mmrl.openrlhf.vllm_stand_in import CompletionOutput, RequestOutput, Samplin
 from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.train import parse_config  # noqa: E402
-from mmrl.trainer.episodes import Episode, Turn, run_episodes  # noqa: E402
+from mmrl.trainer.episodes import Episode, run_episodes  # noqa: E402
 from mmrl.trainer.local import turn_steps  # noqa: E402
+from mmrl.trainer.turn_sampler import Turn  # noqa: E402
 
 with openrlhf_importable():
     from mmrl.openrlhf.experience import MmrlExperienceMaker

@@ -19,8 +19,9 @@ from mmrl.run.build import build_algorithm  # noqa: E402
 from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.train import parse_config  # noqa: E402
-from mmrl.trainer.episodes import Episode, Turn, run_episodes  # noqa: E402
+from mmrl.trainer.episodes import Episode, run_episodes  # noqa: E402
 from mmrl.trainer.local import build_trainer  # noqa: E402
+from mmrl.trainer.turn_sampler import Turn  # noqa: E402
 
 AGENT = "embedded:tiny-qwen2-agent"
 FAST = {"n_per_type": 1, "n_eval_per_type": 1, "max_eval_games": 2}

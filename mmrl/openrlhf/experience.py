@@ -47,10 +47,7 @@ def padded_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def turn_steps(steps: list[TurnStep]) -> algos.TurnSteps:
     """The turn layout's per-row facts (episode, step, step reward, anchor state), row-aligned."""
-    return algos.TurnSteps(torch.tensor([s.episode for s in steps]), torch.tensor([s.index for s in steps]),
-                           torch.tensor([s.reward for s in steps], dtype=torch.float32),
-                           tuple(s.anchor for s in steps),
-                           torch.tensor([s.penalty for s in steps], dtype=torch.float32))
+    return algos.TurnSteps.of(steps)
 
 
 def whole_batch_advantages(algo: algos.Algorithm, experiences: list, steps: algos.TurnSteps | None = None
@@ -59,14 +56,9 @@ def whole_batch_advantages(algo: algos.Algorithm, experiences: list, steps: algo
     ``steps``: the turn layout's facts of those rows, in the same order."""
     rewards = torch.cat([e.rewards.reshape(-1) for e in experiences]).to(torch.float32)
     group_ids = torch.cat([e.info[GROUP_KEY].reshape(-1) for e in experiences]).long()
-    if steps is not None:
-        advantages = algo.turn_advantages(rewards, group_ids, steps)
-    else:
-        advantages = algo.advantages(rewards, group_ids)
     old_logprobs = padded_cat([e.action_log_probs.float() for e in experiences])
     mask = padded_cat([e.action_mask.float() for e in experiences])
-    stats = algo.batch_stats(rewards, group_ids, advantages, old_logprobs, mask)
-    return advantages, stats
+    return algo.advantages_and_stats(rewards, group_ids, old_logprobs, mask, steps)
 
 
 class MmrlExperienceMaker(RemoteExperienceMaker):

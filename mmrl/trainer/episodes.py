@@ -43,16 +43,7 @@ from mmrl.envs.base import EnvError, TextEnv
 from mmrl.rewards.base import RewardResult
 from mmrl.run.prompts import TurnRenderer
 from mmrl.trainer.rollout import generate
-
-
-@dataclasses.dataclass
-class Turn:
-    """One model turn: its tokens (with the stop token when it stopped), text, and the sampler's log-probs."""
-
-    token_ids: list[int]
-    text: str
-    stopped: bool  # ended with a stop token (False: cut at the per-turn budget)
-    logprobs: list[float] | None = None
+from mmrl.trainer.turn_sampler import CachedTurnSampler, Turn
 
 
 @dataclasses.dataclass
@@ -163,8 +154,6 @@ def model_policy(model, tokenizer, max_new_tokens: int, temperature: float, top_
     from mmrl.trainer.rollout import eos_ids
 
     if kv_cache:
-        from mmrl.trainer.turn_sampler import CachedTurnSampler
-
         return CachedTurnSampler(model, tokenizer, max_new_tokens, temperature, top_p, batch_size, with_logprobs)
 
     stop = set(eos_ids(tokenizer, model))

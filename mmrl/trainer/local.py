@@ -88,10 +88,7 @@ def turn_steps(groups: list[Group]) -> algos.TurnSteps:
     steps = [r.step for g in groups for r in g.responses]
     if any(s is None for s in steps):
         raise RuntimeError("turn layout: a response without its turn's step (episode, index, reward, anchor)")
-    return algos.TurnSteps(torch.tensor([s.episode for s in steps]), torch.tensor([s.index for s in steps]),
-                           torch.tensor([s.reward for s in steps], dtype=torch.float32),
-                           tuple(s.anchor for s in steps),
-                           torch.tensor([s.penalty for s in steps], dtype=torch.float32))
+    return algos.TurnSteps.of(steps)
 
 
 def episode_responses(responses: list[Response], turn_layout: bool) -> list[Response]:
@@ -327,12 +324,10 @@ class Trainer:
             if self.ref_model is not None:
                 batch.ref_logprobs, _ = batch_logprobs(self.ref_model, batch, temperature, micro,
                                                        row_by_row_min_width=self.row_by_row_min_width)
-        if self.turn_layout:  # per turn: the episode's advantage, or the objective's own step-level one (GiGPO)
-            batch.advantages = self.algo.turn_advantages(batch.rewards, batch.group_ids, turn_steps(groups))
-        else:
-            batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
-        stats = self.algo.batch_stats(batch.rewards, batch.group_ids, batch.advantages, batch.old_logprobs,
-                                      batch.response_mask)
+        # per turn (turn layout): the episode's advantage, or the objective's own step-level one (GiGPO)
+        steps = turn_steps(groups) if self.turn_layout else None
+        batch.advantages, stats = self.algo.advantages_and_stats(batch.rewards, batch.group_ids, batch.old_logprobs,
+                                                                 batch.response_mask, steps)
         return batch, stats
 
     def moe_forward(self, batch: RolloutBatch, rows: torch.Tensor, sub: RolloutBatch):

@@ -23,7 +23,7 @@ from pathlib import Path
 from mmrl.cache import EMBEDDED_VERSIONS
 from mmrl.cli import OneLineParser, run_cli
 from mmrl.errors import RunError, UserError
-from mmrl.models.recipes.embedded import BUILDERS, pinned_kernel_env
+from mmrl.models.recipes.registry import BUILDERS, pinned_kernel_env
 from mmrl.models.shipped import BUILD_RECORD, WEIGHTS_DIR, read_manifest
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from mmrl.cli import run_cli
-from mmrl.models.recipes.embedded import write_embedded
+from mmrl.models.recipes.registry import write_embedded
 
 
 def _main(argv: list[str]) -> None:
