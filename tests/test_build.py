@@ -42,7 +42,7 @@ def loss_on(algo: algos.Algorithm, batch: dict[str, torch.Tensor]) -> float:
 @pytest.mark.parametrize("name", sorted(algos.ALGORITHMS))
 def test_both_backends_build_the_identical_objective(name, task, tmp_path):
     """The local trainer's objective (`build_algorithm`, as `build_trainer` calls it) and the one every OpenRLHF actor
-    rebuilds from the launch (``algos.get(spec["algo"], **spec["params"])``): same class, same hyper-parameters, same
+    rebuilds from the launch (``algos.get(spec.algo, **spec.params)``): same class, same hyper-parameters, same
     constant normaliser, hence the same loss on the same batch."""
     pytest.importorskip("openrlhf", reason="make setup installs OpenRLHF 0.11.2 (--no-deps)")
     if task == "alfworld":
@@ -59,11 +59,11 @@ def test_both_backends_build_the_identical_objective(name, task, tmp_path):
         return
     local = build_algorithm(cfg, multi_turn)
     spec = resolve_launch(cfg, write=False).args.mmrl
-    remote = algos.get(spec["algo"], **spec["params"])
+    remote = algos.get(spec.algo, **spec.params)
     assert type(remote) is type(local) and dataclasses.asdict(remote) == dataclasses.asdict(local)
     assert remote == local and remote.resampling() == local.resampling()
     assert loss_on(remote, a_batch()) == loss_on(local, a_batch())
-    if "max_tokens" in spec["params"]:  # the GRPO family: Dr.GRPO's constant is the task's response budget
+    if "max_tokens" in spec.params:  # the GRPO family: Dr.GRPO's constant is the task's response budget
         budget = cfg.rollout.max_episode_tokens if task == "alfworld" else cfg.rollout.max_new_tokens
         assert remote.max_tokens == local.max_tokens == budget == response_budget(cfg, multi_turn)
 

@@ -202,7 +202,7 @@ def test_replayed_weights_on_openrlhf_equal_the_local_trainers(tmp_path, embedde
                                         "--cluster.gpus_per_node", "1", "--cluster.vllm_engines", "1",
                                         "--rollout.prompts_per_step", "4", "--rollout.samples_per_prompt", str(N),
                                         "--rollout.replay_historical", str(K)]), write=False).args
-    assert args.mmrl["replay_historical"] == K
+    assert args.mmrl.replay_historical == K
     maker = MakerOnOneActor(None, None, None, None, None, SimpleNamespace(args=args),
                             SimpleNamespace(pad_token_id=0), mmrl_spec=args.mmrl)
     replay = maker.replay = SampleReplay(N, K)
@@ -383,6 +383,6 @@ def test_a_resume_with_replay_checks_the_store_of_the_checkpoint_deepspeed_loads
     with pytest.raises(UserError) as err:
         resumed_launch(tmp_path, "--rollout.replay_historical", str(K))
     assert str(err.value).startswith(f"{actor / 'global_step2' / 'mmrl_replay'} is missing")
-    assert resumed_launch(tmp_path).args.mmrl["replay_historical"] == 0  # replay off: no store is read
+    assert resumed_launch(tmp_path).args.mmrl.replay_historical == 0  # replay off: no store is read
     filled_replay().save(actor / "global_step2")
     assert resumed_launch(tmp_path, "--rollout.replay_historical", str(K)).args.ckpt.load_enable

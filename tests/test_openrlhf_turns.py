@@ -143,7 +143,7 @@ def test_turn_rows_and_advantages_equal_the_local_backends(name, flags, tmp_path
                         "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2", "--out", str(tmp_path / "r"),
                         *[f"--task.{k}={v}" for k, v in TASK_OPTIONS.items()]])
     args = resolve_launch(cfg, write=False).args
-    algo = algos.get(name, **args.mmrl["params"])
+    algo = algos.get(name, **args.mmrl.params)
     want_rows, want_rewards, want_groups, want_adv = local_rows(task, tokenizer, algo)
     shares = openrlhf_rows(task, tokenizer, args)
     assert len(shares) == 2  # one experience per policy rank

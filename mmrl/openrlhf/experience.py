@@ -37,6 +37,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 import mmrl.algos as algos
 from mmrl.batch import TurnStep
 from mmrl.openrlhf.grouping import GROUP_KEY, ROW_STATS_PREFIX, STATS_PREFIX, STEP_KEY, rank_shares, rollout_group_ids
+from mmrl.openrlhf.spec import ActorSpec
 
 
 def padded_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -66,10 +67,10 @@ class MmrlExperienceMaker(RemoteExperienceMaker):
 
     replay = None  # GVPO's historical replay (mmrl.openrlhf.replay.SampleReplay): told each step's π_old
 
-    def __init__(self, *args, mmrl_spec: dict[str, Any], **kwargs) -> None:
+    def __init__(self, *args, mmrl_spec: ActorSpec, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.algo = algos.get(mmrl_spec["algo"], **mmrl_spec["params"])
-        self.group_size = int(mmrl_spec["samples_per_prompt"])
+        self.algo = algos.get(mmrl_spec.algo, **mmrl_spec.params)
+        self.group_size = mmrl_spec.samples_per_prompt
         self.turn_steps: algos.TurnSteps | None = None  # the turn layout: the current step's row facts
 
     def split_rollout_samples(self, rollout_samples):

@@ -46,6 +46,7 @@ from mmrl.openrlhf.rehearsal import gpu_note as rehearsal_gpu_note
 from mmrl.openrlhf.rehearsal import remove_logs as remove_rehearsal_logs
 from mmrl.openrlhf.replay import check_replay_flags, check_resumed_store
 from mmrl.openrlhf.reward import reward_file_text
+from mmrl.openrlhf.spec import ActorSpec
 from mmrl.run.build import build_algorithm, build_task
 from mmrl.run.config import TrainConfig, validate
 from mmrl.run.eval_sets import build_eval_sets
@@ -106,7 +107,7 @@ class Launch:
     """A resolved run: the OpenRLHF argument list and namespace, and what mmrl's actors need beside it."""
 
     argv: list[str]
-    args: Any  # OpenRLHF's hierarchical namespace, with ``args.mmrl`` added
+    args: Any  # OpenRLHF's hierarchical namespace, with ``args.mmrl`` (an `ActorSpec`) added
     notes: list[str]  # warnings OpenRLHF printed while checking the arguments
     files: dict[str, str]  # generated files (written by write_files, unless dry run)
     write_files: Callable[[], None] = lambda: None  # writes ``files``
@@ -116,7 +117,8 @@ class Launch:
 def algorithm_spec(cfg: TrainConfig, algo: algos.Algorithm) -> dict[str, Any]:
     """What every Ray actor needs to rebuild mmrl's objective ``algo`` (built on the driver by
     `mmrl.run.build.build_algorithm`, as the local trainer builds it): its name and every resolved hyper-parameter,
-    so that ``algos.get(spec["algo"], **spec["params"])`` is the same objective, constant normaliser included."""
+    so that ``algos.get(spec.algo, **spec.params)`` is the same objective, constant normaliser included (the
+    objective's fields of `ActorSpec`)."""
     return {"algo": algo.name, "params": dataclasses.asdict(algo), "samples_per_prompt": cfg.rollout.samples_per_prompt,
             "uses_reference": algo.uses_reference(), "kl_coef": algo.reference_kl_coef(),
             "entropy_coef": algo.entropy_coef,
@@ -296,10 +298,10 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
 
     if write:
         write_files()
-    spec["top_k"] = cfg.rollout.top_k  # the rollout's; evaluations sample without (mmrl.openrlhf.evaluation)
-    spec["repetition_penalty"] = cfg.rollout.repetition_penalty  # the rollout's; each evaluation set has its own
-    spec["eval_sets"] = [set_spec(s, files[f"eval_{s.name}"], s.max_new_tokens(cfg)) for s in eval_sets]
-    args.mmrl = {**spec, **run_spec(cfg, out)}
+    # top_k and repetition_penalty: the rollout's; evaluations sample without them (mmrl.openrlhf.evaluation)
+    args.mmrl = ActorSpec(**spec, top_k=cfg.rollout.top_k, repetition_penalty=cfg.rollout.repetition_penalty,
+                          eval_sets=tuple(set_spec(s, files[f"eval_{s.name}"], s.max_new_tokens(cfg))
+                                          for s in eval_sets), **run_spec(cfg, out))
     return Launch(argv, args, notes, files, write_files, checks)
 
 
@@ -329,7 +331,7 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
     lines = [
         "OpenRLHF 0.11.x launch (mmrl backend: Ray actor groups, vLLM engines and DeepSpeed are OpenRLHF's; the policy "
         "actor, PPO trainer, experience maker and loss are mmrl.openrlhf's subclasses)",
-        f"objective: {spec['algo']} {json.dumps(spec['params'])}",
+        f"objective: {spec.algo} {json.dumps(spec.params)}",
         f"task: {cfg.task.name} {json.dumps(cfg.task.options)}",
         f"rollout sampling: temperature {cfg.rollout.temperature}, top_p {cfg.rollout.top_p}, "
         f"top_k {cfg.rollout.top_k or 'off'}, repetition_penalty {cfg.rollout.repetition_penalty}",
@@ -340,7 +342,7 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
         "    " + command_line(mask_argv(launch.argv)),
         "files: " + ", ".join(f"{k}={v}" for k, v in launch.files.items() if v),
     ]
-    for s in spec.get("eval_sets", []):
+    for s in spec.eval_sets:
         sampling = "greedy" if s["temperature"] == 0 else f"temperature {s['temperature']}, top_p {s['top_p']}"
         if s.get("repetition_penalty", 1.0) != 1.0:
             sampling += f", repetition_penalty {s['repetition_penalty']}"

@@ -38,6 +38,7 @@ from mmrl import moe
 from mmrl.errors import UserError
 from mmrl.openrlhf.checkpoint import checkpoint_folder, rotate_tags, weights_only_loading
 from mmrl.openrlhf.network import bound_listener
+from mmrl.openrlhf.spec import ActorSpec
 
 # torch's contract for a store someone else hosts: with it, the env:// rendezvous at MASTER_ADDR:MASTER_PORT makes
 # every rank a client instead of starting a server on rank 0
@@ -90,8 +91,8 @@ class MmrlDeepspeedStrategy(DeepspeedStrategy):
         super().setup_distributed(timeout)
 
     def _ds_init_train_model(self, model, cfg: dict):
-        spec = getattr(self.args, "mmrl", None) or {}
-        prepare_policy(model.model if isinstance(model, Actor) else model, bool(spec.get("freeze_router")))
+        spec: ActorSpec | None = getattr(self.args, "mmrl", None)  # None: a strategy built outside mmrl's launch
+        prepare_policy(model.model if isinstance(model, Actor) else model, spec is not None and spec.freeze_router)
         return super()._ds_init_train_model(model, cfg)
 
     def save_ckpt(self, model, save_dir, tag=None, max_num=3, max_mem=1000, client_state=None, save_latest=True,
