@@ -1,8 +1,9 @@
 """``python -m mmrl.train --backend openrlhf``: resolve the run, print it (``--dry-run``) or start it on Ray.
 
-Resolution happens on the driver and fails at start with one line: the mmrl config is validated, the objective built,
-the batch layout checked against the GPUs, the task's splits exported as OpenRLHF prompt files, and the OpenRLHF
-arguments parsed by OpenRLHF's own parser. Only then does :func:`mmrl.openrlhf.driver.run` start Ray.
+Resolution happens on the driver and fails at start with one line: the mmrl config is validated, its task, evaluation
+sets and objective built as the local backend builds them (`mmrl.run.build.resolve_run`), the batch layout checked
+against the GPUs, the task's splits exported as OpenRLHF prompt files, and the OpenRLHF arguments parsed by OpenRLHF's
+own parser. Only then does :func:`mmrl.openrlhf.driver.run` start Ray.
 
 The run directory is claimed as the local trainer claims its own (mmrl.run.run_dir): locked for the driver's
 lifetime, a foreign folder refused, a resume that changes what is trained refused, and what the run writes recorded,
@@ -47,9 +48,8 @@ from mmrl.openrlhf.rehearsal import remove_logs as remove_rehearsal_logs
 from mmrl.openrlhf.replay import check_replay_flags, check_resumed_store
 from mmrl.openrlhf.reward import reward_file_text
 from mmrl.openrlhf.spec import ActorSpec
-from mmrl.run.build import build_algorithm, build_task
-from mmrl.run.config import TrainConfig, validate
-from mmrl.run.eval_sets import build_eval_sets
+from mmrl.run.build import resolve_run
+from mmrl.run.config import TrainConfig
 from mmrl.run.loggers import WANDB_DIR, remove_event_files, remove_wandb_files, wandb_mode
 from mmrl.run.masking import MASKED_URL, mask_urls
 from mmrl.run.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, claim, inspect
@@ -236,14 +236,12 @@ def vision_annotator(model: str):
 
 def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     """Everything up to starting Ray. ``write=False`` (dry run) writes no file."""
-    validate(cfg)
-    task = build_task(cfg)
-    algo = build_algorithm(cfg, task.multi_turn)  # a bad name or hyper-parameter fails here, on the driver
+    run = resolve_run(cfg)  # a bad name or hyper-parameter fails here, on the driver
+    task, eval_sets, algo = run.task, run.eval_sets, run.algo
     spec = algorithm_spec(cfg, algo)
     check_layout(cfg, algo)
     out = cfg.out_dir.resolve()
     files_dir = out / FILES_DIR
-    eval_sets = build_eval_sets(cfg, task)
     files = {"train": str(files_dir / "train.jsonl"), "eval": str(files_dir / "eval.jsonl") if task.eval else "",
              "reward_func": str(files_dir / "reward_func.py")}
     for s in eval_sets:  # each set from its own file (the first also makes OpenRLHF schedule evaluations)

@@ -46,8 +46,6 @@ from mmrl.models.lora import FrozenBase, LoraSettings, add_lora, load_policy_wei
 from mmrl.replay import ReplayStore
 from mmrl.rewards.base import RewardResult
 from mmrl.run.build import (
-    build_algorithm,
-    build_task,
     check_episode_budget,
     encode_all_prompts,
     load_policy,
@@ -55,10 +53,11 @@ from mmrl.run.build import (
     lora_settings,
     pick_device,
     reference_needed,
+    resolve_run,
 )
 from mmrl.run.checkpoint import latest_checkpoint, load_latest, save_checkpoint, set_aside, set_rng_state
-from mmrl.run.config import TrainConfig, validate
-from mmrl.run.eval_sets import EvalSet, build_eval_sets
+from mmrl.run.config import MoEConfig, OptimConfig, RolloutConfig, TrainConfig
+from mmrl.run.eval_sets import EvalSet
 from mmrl.run.loggers import RunLoggers
 from mmrl.run.masking import masked_config
 from mmrl.run.metrics import MetricsLog, plot_curves, read_metrics
@@ -684,9 +683,9 @@ class Trainer:
 
 def build_trainer(cfg: TrainConfig) -> Trainer:
     """The run of ``cfg``, ready to :meth:`~Trainer.run`; bad input fails with one line."""
-    validate(cfg)
-    task, eval_sets = _setup_task(cfg)
-    algo = _setup_objective(cfg, task)
+    run = resolve_run(cfg)
+    task, eval_sets, algo = run.task, run.eval_sets, run.algo
+    _check_objective(cfg, task, algo)
     owner = claim(cfg)  # locked for this run; refuses a foreign folder or a resume that changes what is trained
     try:
         return _build_claimed(cfg, task, eval_sets, algo, owner)
@@ -699,16 +698,16 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
                    owner: RunDir) -> Trainer:
     """The phases that run in the claimed directory ``owner``, in order."""
     resumed = _read_resumed(cfg, owner)
-    _setup_seeds(cfg)
+    _setup_seeds(cfg.run.seed, cfg.model.threads)
     policy = _setup_policy(cfg, task)
     if not cfg.run.resume:  # a fresh run must never resume or prune into an earlier one's checkpoints
         owner.clear_previous()  # only what that run recorded; anything else stays (and is named)
     if cfg.sft.steps and not cfg.run.resume:  # before the reference copy: RL starts from (and is anchored to) SFT
         _setup_sft_warmup(cfg, task, policy, owner)
-    ref_model = _setup_reference(cfg, algo, policy)
-    optimizer, scheduler = _setup_optimizer(cfg, policy.model)
+    ref_model = _setup_reference(reference_needed(algo, cfg), policy)
+    optimizer, scheduler = _setup_optimizer(cfg.optim, policy.model, cfg.run.steps)
     with contextlib.ExitStack() as on_failure:
-        env_pool = _setup_env_pool(cfg, task)  # last: a refusal before it leaves no worker processes to stop
+        env_pool = _setup_env_pool(cfg.rollout, task)  # last: a refusal before it leaves no worker processes to stop
         if env_pool is not None:  # a refused resume or a failed config.json write leaves no worker behind
             on_failure.callback(env_pool.close)
         trainer = Trainer(cfg, algo, task, policy.tokenizer, policy.model, ref_model, optimizer, scheduler,
@@ -718,7 +717,7 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
                           renderer=policy.renderer, env_pool=env_pool, is_moe=bool(policy.routers),
                           moe_experts=max((r.num_experts for _, r in policy.routers), default=0),
                           moe_top_k=policy.routers[0][1].top_k if policy.routers else 0, vision=policy.vision,
-                          eval_sets=eval_sets, vision_prompts=_vision_prompts(cfg, task, policy.vision),
+                          eval_sets=eval_sets, vision_prompts=_vision_prompts(cfg.rollout, task, policy.vision),
                           owner=owner)
         log.info("task %s: %s", task.name, task.description)
         if resumed is not None:
@@ -728,17 +727,9 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
     return trainer
 
 
-def _setup_task(cfg: TrainConfig) -> tuple[Task | EnvTask, list[EvalSet]]:
-    """The task with its reward, and the named evaluation sets (``evaluation.sets``; empty: ``run.eval_*`` on the
-    task's held-out split). Needs a validated config; checks every option that depends on the task's kind."""
-    task = build_task(cfg)
-    return task, build_eval_sets(cfg, task)
-
-
-def _setup_objective(cfg: TrainConfig, task: Task | EnvTask) -> algos.Algorithm:
-    """The objective, built as the openrlhf backend builds it, and the checks of the local loop's settings against
-    it: a refusal is one line, a setting that works against it a warning."""
-    algo = build_algorithm(cfg, task.multi_turn)
+def _check_objective(cfg: TrainConfig, task: Task | EnvTask, algo: algos.Algorithm) -> None:
+    """The checks of the local loop's settings against the objective (`mmrl.run.build.resolve_run` built it, as
+    for the openrlhf backend): a refusal is one line, a setting that works against it a warning."""
     if cfg.model.lora_rank and cfg.sft.steps and reference_needed(algo, cfg):
         raise UserError("config: model.lora_rank with sft.steps and a reference model: the reference would be the "
                          "base before the warm-up, not the warmed-up policy; use a full fine-tune or no KL")
@@ -755,7 +746,6 @@ def _setup_objective(cfg: TrainConfig, task: Task | EnvTask) -> algos.Algorithm:
         log.warning("rollout.top_p < 1, rollout.top_k > 0 or rollout.repetition_penalty != 1: responses are sampled "
                     "from a modified distribution but scored under the full one; ratio-free objectives (gpg, gvpo) "
                     "get a biased gradient")
-    return algo
 
 
 def _read_resumed(cfg: TrainConfig, owner: RunDir) -> tuple[Path, dict[str, Any], list[Path]] | None:
@@ -765,14 +755,14 @@ def _read_resumed(cfg: TrainConfig, owner: RunDir) -> tuple[Path, dict[str, Any]
     return load_latest(owner.path) if cfg.run.resume else None
 
 
-def _setup_seeds(cfg: TrainConfig) -> None:
+def _setup_seeds(seed: int, threads: int) -> None:
     """CPU threads (``model.threads``) and every random generator seeded from ``run.seed``, before any weight or
     sample is drawn."""
-    if cfg.model.threads:
-        torch.set_num_threads(cfg.model.threads)
-    random.seed(cfg.run.seed)
-    np.random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
+    if threads:
+        torch.set_num_threads(threads)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 @dataclasses.dataclass
@@ -799,7 +789,7 @@ def _setup_policy(cfg: TrainConfig, task: Task | EnvTask) -> Policy:
     tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
     renderer, prompt_cache = _setup_prompts(cfg, task, tokenizer, vision)
     model = load_policy(cfg, device)
-    routers = _setup_routers(cfg, model)
+    routers = _setup_routers(cfg.moe, model, cfg.model.name)
     model.train()  # train mode only for gradient checkpointing; dropout is off
     if cfg.model.gradient_checkpointing:  # transformers 5.24 renamed it; older releases know only the old name
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
@@ -825,22 +815,22 @@ def _setup_prompts(cfg: TrainConfig, task: Task | EnvTask, tokenizer,
     return None, encode_all_prompts(task, tokenizer, cfg.rollout.max_prompt_tokens)
 
 
-def _setup_routers(cfg: TrainConfig, model: torch.nn.Module) -> list[tuple[str, Any]]:
+def _setup_routers(cfg_moe: MoEConfig, model: torch.nn.Module, model_name: str) -> list[tuple[str, Any]]:
     """An MoE's routers with the ``moe.*`` options applied (routing replay checked, routers frozen); ``moe.*`` set on
     a dense model is one line."""
     routers = moe.find_routers(model)
-    if not routers and cfg.moe != type(cfg.moe)():
-        raise UserError(f"config: moe.* options are set but {cfg.model.name!r} has no MoE router")
-    if routers and cfg.moe.routing_replay:
+    if not routers and cfg_moe != type(cfg_moe)():
+        raise UserError(f"config: moe.* options are set but {model_name!r} has no MoE router")
+    if routers and cfg_moe.routing_replay:
         moe.check_replayable(model)
-    if routers and cfg.moe.freeze_router:
+    if routers and cfg_moe.freeze_router:
         moe.freeze_routers(model)
     return routers
 
 
-def _vision_prompts(cfg: TrainConfig, task: Task | EnvTask, vision) -> PromptCache | None:
+def _vision_prompts(cfg_rollout: RolloutConfig, task: Task | EnvTask, vision) -> PromptCache | None:
     """The training split's image prompts, encoded lazily through ``vision`` (None for a text task)."""
-    return None if vision is None else PromptCache(vision, task.train, "train", cfg.rollout.max_prompt_tokens)
+    return None if vision is None else PromptCache(vision, task.train, "train", cfg_rollout.max_prompt_tokens)
 
 
 def _setup_sft_warmup(cfg: TrainConfig, task: EnvTask, policy: Policy, owner: RunDir) -> None:
@@ -852,36 +842,37 @@ def _setup_sft_warmup(cfg: TrainConfig, task: EnvTask, policy: Policy, owner: Ru
     warm_up(cfg, demos, policy.tokenizer, policy.model, owner.path / "sft.jsonl", autocast)
 
 
-def _setup_reference(cfg: TrainConfig, algo: algos.Algorithm, policy: Policy) -> torch.nn.Module | None:
-    """The frozen initial policy when the objective reads reference log-probs or KL to it is tracked (None
-    otherwise): the LoRA base under the adapters, or a copy of the (warmed-up) model."""
-    if not reference_needed(algo, cfg):
+def _setup_reference(needed: bool, policy: Policy) -> torch.nn.Module | None:
+    """The frozen initial policy when ``needed`` (the objective reads reference log-probs or KL to it is tracked;
+    `mmrl.run.build.reference_needed`), else None: the LoRA base under the adapters, or a copy of the (warmed-up)
+    model."""
+    if not needed:
         return None
     if policy.lora is not None:
         return FrozenBase(policy.model)
     return copy.deepcopy(policy.model).requires_grad_(False).eval()
 
 
-def _setup_optimizer(cfg: TrainConfig, model: torch.nn.Module
+def _setup_optimizer(cfg_optim: OptimConfig, model: torch.nn.Module, steps: int
                      ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """AdamW over the trainable parameters and its schedule (``optim.*``), one scheduler step per optimizer step:
-    ``run.steps`` × epochs × mini-batches in all."""
-    o = cfg.optim
+    ``steps`` (``run.steps``) × epochs × mini-batches in all."""
+    o = cfg_optim
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, betas=o.betas,
                                   weight_decay=o.weight_decay)
-    scheduler = build_scheduler(optimizer, o.schedule, o.warmup_steps, cfg.run.steps * o.epochs * o.minibatches,
+    scheduler = build_scheduler(optimizer, o.schedule, o.warmup_steps, steps * o.epochs * o.minibatches,
                                 o.min_lr_ratio)
     return optimizer, scheduler
 
 
-def _setup_env_pool(cfg: TrainConfig, task: Task | EnvTask):
+def _setup_env_pool(cfg_rollout: RolloutConfig, task: Task | EnvTask):
     """The worker processes that run a multi-turn task's envs (``rollout.env_workers``); None to run them in this
     process."""
-    if not (task.multi_turn and cfg.rollout.env_workers):
+    if not (task.multi_turn and cfg_rollout.env_workers):
         return None
     from mmrl.envs.pool import EnvPool
 
-    return EnvPool(task.env_class, cfg.rollout.env_workers, step_timeout=cfg.rollout.env_step_timeout)
+    return EnvPool(task.env_class, cfg_rollout.env_workers, step_timeout=cfg_rollout.env_step_timeout)
 
 
 def _restore_resumed(cfg: TrainConfig, trainer: Trainer, resumed: tuple[Path, dict[str, Any], list[Path]]) -> None:
