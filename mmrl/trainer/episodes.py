@@ -1,4 +1,5 @@
-"""Multi-turn episodes: one episode is one response row, the layout of OpenRLHF's ``MultiTurnAgentExecutor``.
+"""Multi-turn episodes: in the episode layout one episode is one response row (OpenRLHF's ``MultiTurnAgentExecutor``);
+in the turn layout (below) every env step is a row of its own.
 
     [initial prompt: chat template of the env's first observation + assistant header]   (the Group's prompt)
     [turn 1: the model's sampled tokens, up to and including its stop token]              loss mask 1
