@@ -95,13 +95,13 @@ def test_a_lora_step_changes_only_adapters_and_rescoring_equals_the_sampler(tmp_
     assert is_lora(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     # the reference is the same model with its adapters off, not a copy of it
-    assert isinstance(trainer.ref_model, FrozenBase) and trainer.ref_model.policy is model
+    assert isinstance(trainer.learner.ref_model, FrozenBase) and trainer.learner.ref_model.policy is model
     trainer.run()
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)
     assert any("lora_B" in n for n in changed)  # B starts at 0: after a step the adapters change the function
 
-    prompts = [trainer.prompt_ids(i) for i in range(3)]
+    prompts = [trainer.rollouts.prompt_ids(i) for i in range(3)]
     torch.manual_seed(0)
     with warnings.catch_warnings():
         # the sampler hands the KV cache through PEFT's wrapper under the name the wrapped model takes

@@ -34,7 +34,7 @@ from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.train import parse_config  # noqa: E402
 from mmrl.trainer.episodes import Episode, run_episodes  # noqa: E402
-from mmrl.trainer.local import turn_steps  # noqa: E402
+from mmrl.trainer.learner import turn_steps  # noqa: E402
 from mmrl.trainer.turn_sampler import Turn  # noqa: E402
 
 with openrlhf_importable():

@@ -138,7 +138,7 @@ def test_training_two_steps_in_the_turn_layout(tmp_path, small_config, name):
             rows = [i for i, r in enumerate(responses) if r.step.episode == episode]
             assert len(set(batch.advantages[rows].tolist())) == 1
     # micro-batches split a game's group by rows for objectives whose loss reads no group statistic
-    micro = trainer.micro_batches(batch, torch.arange(len(groups)))
+    micro = trainer.learner.micro_batches(batch, torch.arange(len(groups)))
     assert max(len(m) for m in micro) <= 3 and sorted(torch.cat(micro).tolist()) == list(range(len(responses)))
     played, collect = [], trainer.collect_rollouts
 
@@ -219,7 +219,7 @@ def test_per_episode_metrics_count_each_episode_once():
     """A won episode of three turns and a lost one of one turn: the mean return is 5 over episodes, 7.5 over turns."""
     from mmrl.batch import Response
     from mmrl.rewards.base import RewardResult
-    from mmrl.trainer.local import episode_responses
+    from mmrl.trainer.step_metrics import episode_responses
 
     def turns(n: int, score: float) -> list[Response]:
         return [Response([1], reward=RewardResult(score), episode={"steps": n} if i == 0 else None) for i in range(n)]
