@@ -49,14 +49,14 @@ from mmrl.algos import get as get_algorithm  # noqa: E402
 from mmrl.envs.alfworld.generate import generate_games  # noqa: E402
 from mmrl.envs.alfworld.tasks import TASK_TYPES, official_task_type  # noqa: E402
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
+from mmrl.run.config import resolve_config, validate  # noqa: E402
+from mmrl.run.metrics import read_metrics  # noqa: E402
+from mmrl.run.schedule import SCHEDULES  # noqa: E402
 from mmrl.samples import SAMPLES_FILE  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.tasks.alfworld import ALFWORLD_DEFAULTS  # noqa: E402
-from mmrl.trainer.config import resolve_config, validate  # noqa: E402
 from mmrl.trainer.evaluate import evaluate_episode_groups  # noqa: E402
 from mmrl.trainer.local import build_trainer  # noqa: E402
-from mmrl.trainer.metrics import read_metrics  # noqa: E402
-from mmrl.trainer.schedule import SCHEDULES  # noqa: E402
 from mmrl.trainer.sft import render_demonstrations, sft_warmup  # noqa: E402
 
 EVAL_KEYS = ("pass@1", "valid_action_rate", "format_rate", "episode_length")

@@ -34,9 +34,10 @@ from common import run_config  # noqa: E402
 from summary import add_out_arguments  # noqa: E402
 
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
+from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.tasks.alfworld import ALFWORLD_DEFAULTS  # noqa: E402
-from mmrl.trainer.episodes import Episode, TurnRenderer, model_policy, run_episodes  # noqa: E402
+from mmrl.trainer.episodes import Episode, model_policy, run_episodes  # noqa: E402
 
 TURN_TOKENS = ALFWORLD_DEFAULTS["rollout.max_new_tokens"]
 EPISODE_TOKENS = ALFWORLD_DEFAULTS["rollout.max_episode_tokens"]

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmrl.trainer.config import resolve_config
+from mmrl.run.config import resolve_config
+from mmrl.run.metrics import read_metrics
 from mmrl.trainer.local import build_trainer
-from mmrl.trainer.metrics import read_metrics
 
 QUIET = {"run.progress": False, "run.plot": False, "run.checkpoint_every": 0, "run.overwrite": True}
 

@@ -91,12 +91,12 @@ def sigterm(work: Path, trials: int, twice: bool) -> Counter:
 def sigkill_during_writes(work: Path, trials: int) -> Counter:
     """kill -9 at a random moment of a loop of 12 MB checkpoint writes; then a run claims the directory."""
     seen: Counter = Counter()
-    writer = ("import sys, torch; from pathlib import Path; from mmrl.trainer.checkpoint import save_checkpoint\n"
+    writer = ("import sys, torch; from pathlib import Path; from mmrl.run.checkpoint import save_checkpoint\n"
               "state = {'model': {'w': torch.randn(3_000_000)}}\n"
               "for step in range(1, 10_000): save_checkpoint(Path(sys.argv[1]), step, state, keep=2)\n")
-    from mmrl.trainer.checkpoint import load_latest
-    from mmrl.trainer.config import TrainConfig
-    from mmrl.trainer.run_dir import claim
+    from mmrl.run.checkpoint import load_latest
+    from mmrl.run.config import TrainConfig
+    from mmrl.run.run_dir import claim
 
     for t in range(trials):
         run = work / f"sigkill-{t}"

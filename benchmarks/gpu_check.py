@@ -174,8 +174,8 @@ def check(name: str, dtype: str | None, value: Any, limit: Any, passed: bool, no
 
 def text_prompts(tokenizer, n: int) -> list[list[int]]:
     """The first held-out arithmetic prompts, as training encodes them."""
+    from mmrl.run.prompts import encode_prompt
     from mmrl.tasks import get_task
-    from mmrl.trainer.rollout import encode_prompt
 
     task = get_task("arithmetic")
     return [encode_prompt(tokenizer, row["messages"], 512) for row in task.eval[:n]]
@@ -307,10 +307,10 @@ def checkpoint_round_trip(device, steps: int, root: Path) -> list[dict[str, Any]
     resumed trainer's RNG states and weights must be those at the save, and its steps those of run A."""
     from common import run_config
 
-    from mmrl.trainer.checkpoint import rng_state
-    from mmrl.trainer.config import resolve_config
+    from mmrl.run.checkpoint import rng_state
+    from mmrl.run.config import resolve_config
+    from mmrl.run.metrics import read_metrics
     from mmrl.trainer.local import build_trainer
-    from mmrl.trainer.metrics import read_metrics
 
     half = steps // 2
     base = {**SMALL_RUN, "model.device": str(device), "run.steps": steps, "run.checkpoint_every": half,
@@ -693,7 +693,7 @@ def pick_device(name: str) -> torch.device:
 def tiny_vl_model(directory: Path) -> str:
     """The embedded vision model's tokenizer, processor and architecture, untrained (seed 0), saved as a local
     checkpoint: ``--tiny`` runs exercise the vision code paths without its minutes of pre-training."""
-    from mmrl.models.embedded_vl import vl_tokenizer
+    from mmrl.models.recipes.embedded_vl import vl_tokenizer
     from mmrl.vision.embedded import build_processor, tiny_qwen2_5_vl
 
     tokenizer = vl_tokenizer()

@@ -2,8 +2,8 @@
 
 The package ships each embedded model as built files (mmrl/models/weights, `mmrl.models.shipped`); its recipe, run
 again on another machine or with other torch / transformers versions, can give other weights. This rebuilds the
-model (``python -m mmrl.models.build``, or takes ``--rebuilt DIR``), compares the files' sha256, and evaluates both
-with the manifest's own measuring command (``python -m mmrl.eval`` with the arguments the manifest records), one
+model (``python -m mmrl.models.recipes.build``, or takes ``--rebuilt DIR``), compares the files' sha256, and evaluates
+both with the manifest's own measuring command (``python -m mmrl.eval`` with the arguments the manifest records), one
 after the other on this machine. Prints a table with the manifest's recorded figures beside them and writes
 ``rebuild.json`` into ``--out``.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from mmrl.models.build import build_model
+from mmrl.models.recipes.build import build_model
 from mmrl.models.shipped import file_sha256, read_manifest, shipped_model
 
 SKILL_KEYS = ("pass@1", "format_rate", "miou", "acc@0.5", "success_rate", "valid_action_rate")

@@ -24,9 +24,10 @@ import torch
 from summary import add_out_arguments
 
 from mmrl.models import load_model, load_tokenizer
+from mmrl.run.config import SAMPLERS
+from mmrl.run.prompts import encode_prompt
 from mmrl.tasks import get_task
-from mmrl.trainer.rollout import encode_prompt, generate
-from mmrl.trainer.text_sampler import SAMPLERS
+from mmrl.trainer.rollout import generate
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:

@@ -274,7 +274,7 @@ def crafted_state_pt(work: Path) -> tuple[Path, Path]:
 
     import torch
 
-    from mmrl.trainer.config import TrainConfig
+    from mmrl.run.config import TrainConfig
 
     run, marker = work / "shared-run", work / "MARK"
     folder = run / "checkpoints" / "step_0000001"
@@ -384,8 +384,8 @@ def cache_is_a_file(work: Path) -> tuple[str, str]:
 
 def claimed_run(work: Path) -> Path:
     """A run folder as a run leaves it when it starts: claimed, with its record and config.json."""
+    from mmrl.run.run_dir import claim
     from mmrl.train import parse_config
-    from mmrl.trainer.run_dir import claim
 
     cfg = parse_config(["--out", str(work / "run")])
     owner = claim(cfg)

@@ -137,8 +137,8 @@ def mmrl_overrides(s: dict[str, Any], seed: int, out_dir: str) -> dict[str, Any]
 def comparison_task(settings: dict[str, Any], seed: int, out_dir: str):
     """The task exactly as mmrl's side builds it from :func:`mmrl_overrides`: a model that is not embedded gets the
     task's chat for pretrained models (system prompt, one solved example), so TRL must be given the same prompts."""
-    from mmrl.trainer.build import build_task
-    from mmrl.trainer.config import resolve_config
+    from mmrl.run.build import build_task
+    from mmrl.run.config import resolve_config
 
     return build_task(resolve_config([(mmrl_overrides(settings, seed, out_dir), "trl_compare")]))
 
@@ -186,7 +186,7 @@ def trl_rows(task) -> list[dict[str, Any]]:
 def mmrl_worker(conn, settings: dict[str, Any], seed: int, threads: int, out_dir: str) -> None:
     import torch
 
-    from mmrl.trainer.config import resolve_config
+    from mmrl.run.config import resolve_config
     from mmrl.trainer.local import build_trainer
 
     torch.set_num_threads(threads)

@@ -36,10 +36,10 @@ import torch
 from common import QUIET, pyplot
 from summary import add_out_arguments, publish_figure, result_row, write_summary
 
+from mmrl.run.config import resolve_config
+from mmrl.run.metrics import read_metrics
 from mmrl.tasks.grounding import GROUNDING_DEFAULTS
-from mmrl.trainer.config import resolve_config
 from mmrl.trainer.local import build_trainer
-from mmrl.trainer.metrics import read_metrics
 
 ALGOS = ("gpg", "grpo", "dr_grpo", "gmpo", "gvpo", "cw_grpo")
 # name -> (task, task overrides, steps, held-out evaluation every so many steps, the held-out metrics reported).

@@ -4,7 +4,7 @@ A leaf: it imports nothing from mmrl, so tasks, models, config and both backends
 the cache without importing the code that loads one. The embedded models ship with the package, one folder per recipe
 version (`mmrl.models.shipped`); the cache holds what is generated on a user's machine: de-quantised GGUF copies and
 the generated vision and ALFWorld sets. Changing a recipe means bumping its version here and shipping the new build
-(``python -m mmrl.models.build`` then ``python -m mmrl.models.ship``) beside the old one.
+(``python -m mmrl.models.recipes.build`` then ``python -m mmrl.models.recipes.ship``) beside the old one.
 """
 
 from __future__ import annotations

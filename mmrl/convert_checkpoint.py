@@ -4,7 +4,7 @@ Older mmrl wrote each checkpoint as one pickled ``state.pt``; mmrl no longer loa
 hidden in a file). This command reads each such file of ``RUN_DIR/checkpoints/step_*`` through torch's restricted
 loader (``weights_only=True``), which builds tensors and plain containers and, here, only the few other types such a
 checkpoint holds (NumPy's RNG key, the replay history's responses); a file that names anything else is refused, not
-run. It then writes the three files of today's format (mmrl/trainer/checkpoint.py) beside it, and the run resumes or
+run. It then writes the three files of today's format (mmrl/run/checkpoint.py) beside it, and the run resumes or
 evaluates as before. ``state.pt`` itself is left in place: remove it once you no longer need it.
 """
 
@@ -28,7 +28,7 @@ from mmrl.batch import Response
 from mmrl.cli import OneLineParser, run_cli
 from mmrl.errors import UserError
 from mmrl.rewards.base import RewardResult
-from mmrl.trainer.checkpoint import (
+from mmrl.run.checkpoint import (
     DIGEST,
     LEGACY_DIGEST,
     LEGACY_STATE,

@@ -29,8 +29,8 @@ from pathlib import Path
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
 from mmrl.errors import RunError, UserError
 from mmrl.files import atomic_write_text
-from mmrl.trainer.config import TrainConfig, load_yaml, resolve_config, validate
-from mmrl.trainer.run_dir import is_mmrl_config, run_owning, trained_task
+from mmrl.run.config import TrainConfig, load_yaml, resolve_config, validate
+from mmrl.run.run_dir import is_mmrl_config, run_owning, trained_task
 
 log = logging.getLogger("mmrl")
 
@@ -43,7 +43,7 @@ EVAL_FIELDS = {"model": {"device", "threads", "min_pixels", "max_pixels", "trust
 
 def model_from_run(spec: str) -> tuple[str, Path | None, dict | None]:
     """(model spec to load, checkpoint path, its state): a run dir evaluates its newest intact checkpoint."""
-    from mmrl.trainer.checkpoint import latest_checkpoint, load_latest
+    from mmrl.run.checkpoint import latest_checkpoint, load_latest
 
     path = Path(spec)
     if is_mmrl_config(path / "config.json"):  # a model folder's config.json (transformers') is not a run's
@@ -106,9 +106,9 @@ def _main(argv: list[str] | None) -> None:
 
     from mmrl.models import load_model, load_tokenizer
     from mmrl.models.lora import load_policy_weights
+    from mmrl.run.build import build_task, load_vision, pick_device
+    from mmrl.run.eval_sets import build_eval_sets
     from mmrl.samples import group_records, write_samples
-    from mmrl.trainer.build import build_task, load_vision, pick_device
-    from mmrl.trainer.eval_sets import build_eval_sets
     from mmrl.trainer.evaluate import evaluate_episode_groups, evaluate_groups
 
     cfg, args = parse_command(argv)

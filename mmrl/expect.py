@@ -1,8 +1,8 @@
 """``python -m mmrl.expect RUN_DIR``: a finished run's held-out figures beside what the published runs measured.
 
 The shipped manifest (`mmrl.models.shipped`) records, per embedded model, the per-seed summaries of the benchmark runs
-behind docs/results.md (``python -m mmrl.models.ship NAME --expect SUMMARY.json``). For a run of that model with the
-same task, task options, objective and step count, this prints the run's start and rise of each held-out metric next
+behind docs/results.md (``python -m mmrl.models.recipes.ship NAME --expect SUMMARY.json``). For a run of that model with
+the same task, task options, objective and step count, this prints the run's start and rise of each held-out metric next
 to the published mean and range over seeds, so that a user of ``make demo`` can tell at once whether their machine
 reproduced the figure. A run with no published counterpart gets one line saying so.
 """

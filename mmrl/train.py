@@ -15,7 +15,7 @@ import sys
 
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
 from mmrl.errors import UserError
-from mmrl.trainer.config import (
+from mmrl.run.config import (
     OPEN_SECTIONS,
     SECTIONS,
     TrainConfig,
@@ -24,9 +24,9 @@ from mmrl.trainer.config import (
     resolve_config,
     validate,
 )
-from mmrl.trainer.masking import masked_config
-from mmrl.trainer.metrics import read_metrics
-from mmrl.trainer.run_dir import saved_layer
+from mmrl.run.masking import masked_config
+from mmrl.run.metrics import read_metrics
+from mmrl.run.run_dir import saved_layer
 
 
 def parse_config(argv: list[str] | None) -> TrainConfig:

@@ -99,7 +99,7 @@ SMALL_RUN = {"rollout.prompts_per_step": 4, "rollout.samples_per_prompt": 4, "ro
 def make_small_config(tmp_path, **overrides):
     """A TrainConfig for a seconds-long run in ``tmp_path/run``; ``overrides`` are dotted fields over the task's
     declared defaults, as on the command line."""
-    from mmrl.trainer.config import resolve_config
+    from mmrl.run.config import resolve_config
 
     return resolve_config([({**SMALL_RUN, "run.out_dir": str(tmp_path / "run"), **overrides}, "test")])
 

@@ -8,7 +8,7 @@ pytest.importorskip("alfworld")  # the agent tokenizer is trained on ALFWorld's 
 
 from mmrl.cache import EMBEDDED_AGENT_NAME  # noqa: E402
 from mmrl.models import load_tokenizer  # noqa: E402
-from mmrl.models.embedded import CHAT_TEMPLATE  # noqa: E402
+from mmrl.models.recipes.embedded import CHAT_TEMPLATE  # noqa: E402
 
 
 def act(action: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.trainer.config import resolve_config, validate
+from mmrl.run.config import resolve_config, validate
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "alfworld.py"
 

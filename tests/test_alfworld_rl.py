@@ -20,9 +20,10 @@ pytest.importorskip("mmrl.envs.alfworld")
 import mmrl.algos as algos  # noqa: E402
 from mmrl.batch import Group, collate  # noqa: E402
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
+from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.tasks.alfworld import walkthrough  # noqa: E402
-from mmrl.trainer.episodes import Episode, TurnRenderer, model_policy, run_episodes  # noqa: E402
+from mmrl.trainer.episodes import Episode, model_policy, run_episodes  # noqa: E402
 from mmrl.trainer.local import build_trainer  # noqa: E402
 from mmrl.trainer.rollout import batch_logprobs  # noqa: E402
 from mmrl.trainer.sft import demonstration_loss, render_demonstrations, sft_warmup  # noqa: E402

@@ -10,8 +10,8 @@ import torch
 
 import mmrl.algos as algos
 from mmrl.cache import EMBEDDED_GROUNDING_NAME, EMBEDDED_NAME, EMBEDDED_VL_NAME, VL_RECIPE_VERSION
+from mmrl.run.build import build_algorithm, build_task, response_budget
 from mmrl.train import parse_config
-from mmrl.trainer.build import build_algorithm, build_task, response_budget
 
 CLUSTER = ["--cluster.nodes", "1", "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
            "--rollout.prompts_per_step", "4", "--rollout.samples_per_prompt", "4", "--steps", "3"]
@@ -42,7 +42,7 @@ def loss_on(algo: algos.Algorithm, batch: dict[str, torch.Tensor]) -> float:
 @pytest.mark.parametrize("name", sorted(algos.ALGORITHMS))
 def test_both_backends_build_the_identical_objective(name, task, tmp_path):
     """The local trainer's objective (`build_algorithm`, as `build_trainer` calls it) and the one every OpenRLHF actor
-    rebuilds from the launch (``algos.get(spec["algo"], **spec["params"])``): same class, same hyper-parameters, same
+    rebuilds from the launch (``algos.get(spec.algo, **spec.params)``): same class, same hyper-parameters, same
     constant normaliser, hence the same loss on the same batch."""
     pytest.importorskip("openrlhf", reason="make setup installs OpenRLHF 0.11.2 (--no-deps)")
     if task == "alfworld":
@@ -59,11 +59,11 @@ def test_both_backends_build_the_identical_objective(name, task, tmp_path):
         return
     local = build_algorithm(cfg, multi_turn)
     spec = resolve_launch(cfg, write=False).args.mmrl
-    remote = algos.get(spec["algo"], **spec["params"])
+    remote = algos.get(spec.algo, **spec.params)
     assert type(remote) is type(local) and dataclasses.asdict(remote) == dataclasses.asdict(local)
     assert remote == local and remote.resampling() == local.resampling()
     assert loss_on(remote, a_batch()) == loss_on(local, a_batch())
-    if "max_tokens" in spec["params"]:  # the GRPO family: Dr.GRPO's constant is the task's response budget
+    if "max_tokens" in spec.params:  # the GRPO family: Dr.GRPO's constant is the task's response budget
         budget = cfg.rollout.max_episode_tokens if task == "alfworld" else cfg.rollout.max_new_tokens
         assert remote.max_tokens == local.max_tokens == budget == response_budget(cfg, multi_turn)
 
@@ -80,7 +80,7 @@ def test_overlong_shaping_takes_the_response_budget_and_refuses_episodes(tmp_pat
     assert local.max_length == cfg.rollout.max_new_tokens
     assert algos.get("sapo", overlong_buffer=4).max_length is None  # until the budget is known
     remote = resolve_launch(cfg, write=False).args.mmrl
-    assert remote["params"]["max_length"] == local.max_length and remote["params"]["overlong_buffer"] == 4
+    assert remote.params["max_length"] == local.max_length and remote.params["overlong_buffer"] == 4
     with pytest.raises(ValueError, match="single-turn"):
         build_algorithm(cfg, True)
 
@@ -145,8 +145,8 @@ def test_loading_an_embedded_policy_draws_no_weight_loading_bar(tmp_path, capfd)
     other bars, and its warnings, stay as they were."""
     from transformers.utils.logging import tqdm as transformers_tqdm
 
-    from mmrl.trainer.build import load_policy
-    from mmrl.trainer.config import resolve_config
+    from mmrl.run.build import load_policy
+    from mmrl.run.config import resolve_config
 
     capfd.readouterr()
     load_policy(resolve_config([({"run.out_dir": str(tmp_path / "run")}, "test")]), torch.device("cpu"))

@@ -22,10 +22,10 @@ import torch
 
 from mmrl.errors import RunError
 from mmrl.files import file_sha256
+from mmrl.run import checkpoint
+from mmrl.run.checkpoint import load_checkpoint, load_latest, save_checkpoint
+from mmrl.run.run_dir import claim, local_latest
 from mmrl.train import parse_config
-from mmrl.trainer import checkpoint
-from mmrl.trainer.checkpoint import load_checkpoint, load_latest, save_checkpoint
-from mmrl.trainer.run_dir import claim, local_latest
 
 
 def two_checkpoints(run_dir):

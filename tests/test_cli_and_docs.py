@@ -71,7 +71,7 @@ def test_eval_on_a_run_directory_takes_its_task_and_warns_about_another(tmp_path
     import logging
 
     from mmrl.eval import parse_command
-    from mmrl.trainer.config import TrainConfig
+    from mmrl.run.config import TrainConfig
 
     run = tmp_path / "run"
     run.mkdir()
@@ -140,9 +140,9 @@ def test_every_documented_training_command_parses(where, argv, monkeypatch):
     import shlex
 
     from mmrl import algos
+    from mmrl.run.config import validate
     from mmrl.tasks.base import TASKS
     from mmrl.train import parse_command
-    from mmrl.trainer.config import validate
 
     monkeypatch.chdir(REPO)  # --config examples/... is relative to the repository
     cfg, _ = parse_command([a for a in shlex.split(argv) if a != "--dry-run"])

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from mmrl.errors import UserError
+from mmrl.run.config import TrainConfig, apply_overrides, validate
 from mmrl.train import parse_config
-from mmrl.trainer.config import TrainConfig, apply_overrides, validate
 
 
 def test_precedence_defaults_yaml_flags(tmp_path):
@@ -104,7 +104,7 @@ def test_help_lists_algorithms_and_tasks():
 def test_resume_starts_from_the_runs_saved_config(tmp_path):
     import json
 
-    from mmrl.trainer.config import apply_overrides
+    from mmrl.run.config import apply_overrides
 
     run = tmp_path / "run"
     run.mkdir()
@@ -234,26 +234,26 @@ def test_trust_remote_code_is_off_by_default_and_explained_in_help(capsys):
 
 
 def test_every_config_field_has_its_help_text_in_its_metadata():
-    from mmrl.trainer.config import SECTIONS, EvalSetConfig
+    from mmrl.run.config import SECTIONS, EvalSetConfig
 
     classes = [(section, cls) for section, cls in SECTIONS.items()] + [("evaluation.sets[]", EvalSetConfig)]
     missing = [f"{section}.{f.name}" for section, cls in classes for f in dataclasses.fields(cls)
                if not f.metadata.get("help")]
-    assert not missing, (f"config fields without help text: {', '.join(missing)}. In mmrl/trainer/config.py declare "
+    assert not missing, (f"config fields without help text: {', '.join(missing)}. In mmrl/run/config.py declare "
                          "each as `name: type = setting(default, \"what it does\", range)` (range: at_least(n), "
                          "above(n), one_of(choices), unit_interval(...) or Range(text, check); leave it out when any "
-                         "value of the type is valid), then run `python -m mmrl.trainer.config_doc` to regenerate "
+                         "value of the type is valid), then run `python -m mmrl.run.config_doc` to regenerate "
                          "docs/config.md")
 
 
 def test_docs_config_md_is_generated_from_the_code():
-    from mmrl.trainer.config_doc import COMMAND, DOC, render
+    from mmrl.run.config_doc import COMMAND, DOC, render
 
     assert DOC.is_file() and DOC.read_text(encoding="utf-8") == render(), f"{DOC} is stale: run `{COMMAND}`"
 
 
 def test_help_shows_each_fields_help_text_and_range():
-    from mmrl.trainer.config import SECTIONS
+    from mmrl.run.config import SECTIONS
 
     text = " ".join(subprocess.run([sys.executable, "-m", "mmrl.train", "--help"], capture_output=True, text=True,
                                    timeout=120, env={**os.environ, "COLUMNS": "2000"}).stdout.split())
@@ -271,7 +271,7 @@ def test_help_shows_each_fields_help_text_and_range():
 
 
 def test_the_range_check_reads_the_fields_metadata():
-    from mmrl.trainer.config import SECTIONS
+    from mmrl.run.config import SECTIONS
 
     checked = 0
     for section, cls in SECTIONS.items():

@@ -187,7 +187,7 @@ def test_a_huge_single_row_is_refused_in_seconds(tmp_path, embedded_model_dir):
     import time
 
     from mmrl.models import load_tokenizer
-    from mmrl.trainer.rollout import encode_prompt
+    from mmrl.run.prompts import encode_prompt
 
     tok = load_tokenizer("embedded:tiny-qwen2")
     huge = [{"role": "user", "content": "What is 2+3? " * 800_000}]
@@ -239,7 +239,7 @@ def test_gold_answers_in_e_notation_warn_once_naming_the_file_and_are_scored_as_
 def test_a_prompt_over_the_token_limit_is_named_by_its_line_in_the_file(tmp_path, embedded_model_dir):
     """The held-out split is drawn by a seeded shuffle, so "train row 12" no longer finds the row in the file."""
     from mmrl.models import load_tokenizer
-    from mmrl.trainer.build import encode_all_prompts
+    from mmrl.run.build import encode_all_prompts
 
     rows = [json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(30)]
     rows[20] = json.dumps({"problem": "What is 2+3? " * 200, "answer": "5"})
@@ -253,7 +253,7 @@ def test_a_prompt_over_the_token_limit_is_named_by_its_line_in_the_file(tmp_path
 def test_an_image_prompt_over_the_token_limit_is_named_by_its_line_in_the_file(tmp_path):
     from PIL import Image
 
-    from mmrl.trainer.vision_prompts import check_prompts
+    from mmrl.run.prompts import check_prompts
 
     Image.new("RGB", (16, 16), "white").save(tmp_path / "a.png")
     path = tmp_path / "shapes.jsonl"

@@ -10,7 +10,7 @@ import mmrl.algos as algos
 from mmrl.batch import Group, Response, collate
 from mmrl.models import load_tokenizer
 from mmrl.rewards.base import RewardResult
-from mmrl.trainer.episodes import TurnRenderer
+from mmrl.run.prompts import TurnRenderer
 
 
 def test_collate_copies_the_loss_mask_and_keeps_env_tokens_in_context():

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from mmrl.run.config import validate
+from mmrl.run.eval_sets import build_eval_sets
 from mmrl.train import parse_config
-from mmrl.trainer.config import validate
-from mmrl.trainer.eval_sets import build_eval_sets
 
 
 def _math_file(path, n, answer_key="answer", offset=0):
@@ -46,7 +46,7 @@ def test_sets_are_built_from_the_run_task_with_their_own_options(tmp_path):
     ])
     cfg = parse_config(["--task", "math", "--task.path", train, "--task.eval_fraction", "0.25",
                         "--evaluation.sets", sets])
-    from mmrl.trainer.build import build_task
+    from mmrl.run.build import build_task
 
     task = build_task(cfg)
     held, benchmark = build_eval_sets(cfg, task)
@@ -66,6 +66,7 @@ def test_sets_are_built_from_the_run_task_with_their_own_options(tmp_path):
 
 def test_local_trainer_evaluates_each_set_with_its_own_sampling(tmp_path, embedded_model_dir, small_config,
                                                                  monkeypatch):
+    import mmrl.trainer.collect as collect_module
     import mmrl.trainer.evaluate as evaluate_module
     import mmrl.trainer.local as local_module
 
@@ -77,7 +78,7 @@ def test_local_trainer_evaluates_each_set_with_its_own_sampling(tmp_path, embedd
         return real_generate(model, tokenizer, prompts, max_new_tokens, temperature, top_p, *args, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "generate", recording_generate)
-    monkeypatch.setattr(local_module, "generate", recording_generate)  # the training rollouts
+    monkeypatch.setattr(collect_module, "generate", recording_generate)  # the training rollouts
     train = _math_file(tmp_path / "train.jsonl", 16)
     bench = _math_file(tmp_path / "bench.jsonl", 3, offset=50)
     cfg = small_config(tmp_path, **{

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import mmrl.algos as algos
+from mmrl.run.config import validate
 from mmrl.tasks import TASKS
 from mmrl.train import parse_config
-from mmrl.trainer.config import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
@@ -83,7 +83,7 @@ def _cluster_launch(path: Path, nodes: int, tmp_path: Path, check: bool = True):
     stand-ins of the papers' sizes."""
     from mmrl.openrlhf.args import LaunchInputs, build_flags, check_layout, merge_extra
     from mmrl.openrlhf.launch import algorithm_spec
-    from mmrl.trainer.build import build_algorithm
+    from mmrl.run.build import build_algorithm
 
     cfg = parse_config(["--config", str(path)])
     cfg = parse_config(["--config", str(path), *_cluster_overrides(cfg, nodes)])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mmrl.expect import main, report
-from mmrl.models.ship import record_expectation
+from mmrl.models.recipes.ship import record_expectation
 from mmrl.models.shipped import WEIGHTS_DIR, read_manifest
 
 MODEL = "embedded:tiny-qwen2.5-vl"

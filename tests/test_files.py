@@ -35,8 +35,8 @@ class FullDisk:
 @pytest.mark.parametrize("log", ["metrics", "samples"])
 def test_rewriting_a_runs_log_on_resume_never_leaves_it_half_written(tmp_path, monkeypatch, log):
     """The resume rewrite keeps the lines before the checkpoint's step; a full disk during it leaves the old file."""
+    from mmrl.run.metrics import MetricsLog
     from mmrl.samples import RunSamples
-    from mmrl.trainer.metrics import MetricsLog
 
     path = tmp_path / f"{log}.jsonl"
     before = "".join(json.dumps({"step": s, "note": "x" * 40}) + "\n" for s in range(5))

@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from mmrl.errors import UserError
+from mmrl.run.checkpoint import DIGEST, STATE, TENSORS, load_checkpoint, load_latest, save_checkpoint
+from mmrl.run.config import SECTIONS as CONFIG_SECTIONS
+from mmrl.run.config import TrainConfig, apply_overrides, load_yaml, validate
+from mmrl.run.run_dir import claim
 from mmrl.tasks import get_task
 from mmrl.train import parse_config
-from mmrl.trainer.checkpoint import DIGEST, STATE, TENSORS, load_checkpoint, load_latest, save_checkpoint
-from mmrl.trainer.config import SECTIONS as CONFIG_SECTIONS
-from mmrl.trainer.config import TrainConfig, apply_overrides, load_yaml, validate
-from mmrl.trainer.run_dir import claim
 
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                        HealthCheck.too_slow])

@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from mmrl.openrlhf.args import LaunchInputs, build_flags, to_argv
+from mmrl.run.loggers import OPENRLHF_WANDB_KEY, scalars
+from mmrl.run.metrics import read_metrics
 from mmrl.train import parse_config
 from mmrl.trainer.local import build_trainer
-from mmrl.trainer.loggers import OPENRLHF_WANDB_KEY, scalars
-from mmrl.trainer.metrics import read_metrics
 
 
 def read_event_scalars(run_dir) -> dict[str, dict[int, float]]:
@@ -145,7 +145,7 @@ def test_a_wandb_key_given_as_a_flag_never_reaches_the_openrlhf_run_config(tmp_p
 def test_a_one_step_run_still_gets_its_curves(tmp_path):
     """A one-step run (here a grounding one, whose step-0 evaluation has no pass@1) has one point per metric: it is
     plotted, not skipped while the run says it wrote curves.png. A metric constant over several points is left out."""
-    from mmrl.trainer.metrics import plot_curves
+    from mmrl.run.metrics import plot_curves
 
     records = [{"step": 0, "eval/miou": 0.3}, {"step": 1, "reward": 0.5, "accuracy": 0.25, "kl_old": 0.0}]
     assert plot_curves(records, tmp_path / "one.png") == tmp_path / "one.png"

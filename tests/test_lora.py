@@ -95,13 +95,13 @@ def test_a_lora_step_changes_only_adapters_and_rescoring_equals_the_sampler(tmp_
     assert is_lora(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     # the reference is the same model with its adapters off, not a copy of it
-    assert isinstance(trainer.ref_model, FrozenBase) and trainer.ref_model.policy is model
+    assert isinstance(trainer.learner.ref_model, FrozenBase) and trainer.learner.ref_model.policy is model
     trainer.run()
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)
     assert any("lora_B" in n for n in changed)  # B starts at 0: after a step the adapters change the function
 
-    prompts = [trainer.prompt_ids(i) for i in range(3)]
+    prompts = [trainer.rollouts.prompt_ids(i) for i in range(3)]
     torch.manual_seed(0)
     with warnings.catch_warnings():
         # the sampler hands the KV cache through PEFT's wrapper under the name the wrapped model takes
@@ -115,7 +115,7 @@ def test_a_lora_step_changes_only_adapters_and_rescoring_equals_the_sampler(tmp_
 
 def test_lora_checkpoints_hold_only_adapters_and_resume_bit_identically(tmp_path, embedded_model_dir,
                                                                         small_config):
-    from mmrl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from mmrl.run.checkpoint import latest_checkpoint, load_checkpoint
     from mmrl.trainer.local import build_trainer
 
     straight = build_trainer(small_config(tmp_path / "a", **LORA, **{"run.steps": 2}))
@@ -143,7 +143,7 @@ def test_eval_loads_a_lora_runs_adapters_and_saves_every_completion(tmp_path, em
     import json
 
     from mmrl.eval import main as eval_main
-    from mmrl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from mmrl.run.checkpoint import latest_checkpoint, load_checkpoint
     from mmrl.trainer.local import build_trainer
 
     trainer = build_trainer(small_config(tmp_path, **LORA, **{"run.steps": 1}))

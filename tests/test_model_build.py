@@ -1,5 +1,5 @@
 """The recipes of the embedded models, each run on a tiny budget (the shipped models are never built in tests), and
-``python -m mmrl.models.build``, which runs one into a new folder."""
+``python -m mmrl.models.recipes.build``, which runs one into a new folder."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ from mmrl.cache import (
     EMBEDDED_VL_NAME,
     RECIPE_VERSIONS,
 )
-from mmrl.models.build import build_model
-from mmrl.models.embedded import BUILD_RECORD, BUILDERS, KERNELS_PINNED_HERE, write_embedded
 from mmrl.models.loading import is_embedded
-from mmrl.models.shipped import WEIGHTS_DIR
+from mmrl.models.recipes.build import build_model
+from mmrl.models.recipes.registry import BUILDERS, KERNELS_PINNED_HERE, write_embedded
+from mmrl.models.shipped import BUILD_RECORD, WEIGHTS_DIR
+from mmrl.run.build import build_task
 from mmrl.train import parse_config
-from mmrl.trainer.build import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,8 +73,8 @@ def test_the_build_command_builds_into_a_new_folder_with_pinned_kernels(tmp_path
     """PyTorch picks its kernels when it starts, by the CPU: the build's child process gets AVX2 ones even on an
     AVX-512 CPU (whose kernels round differently), as its build record says."""
     out = tmp_path / "rebuilt"
-    done = subprocess.run([sys.executable, "-m", "mmrl.models.build", EMBEDDED_NAME, "--out", str(out), "--steps", "2"],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    done = subprocess.run([sys.executable, "-m", "mmrl.models.recipes.build", EMBEDDED_NAME, "--out", str(out),
+                           "--steps", "2"], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr
     record = json.loads((out / BUILD_RECORD).read_text())
     assert record["steps"] == 2 and (out / "model.safetensors").is_file()
@@ -89,7 +89,7 @@ def test_the_build_command_builds_into_a_new_folder_with_pinned_kernels(tmp_path
 
 
 def test_a_build_never_replaces_a_folder_or_the_shipped_weights(tmp_path, capsys):
-    from mmrl.models.build import main
+    from mmrl.models.recipes.build import main
 
     taken = tmp_path / "taken"
     taken.mkdir()
@@ -110,7 +110,7 @@ def test_the_agent_recipe_without_the_alfworld_extra_names_it(monkeypatch):
     import random
 
     from mmrl.errors import UserError
-    from mmrl.models.agent_corpus import alfworld_corpus
+    from mmrl.models.recipes.agent_corpus import alfworld_corpus
 
     monkeypatch.setitem(sys.modules, "alfworld", None)  # `import alfworld` now raises ImportError
     with pytest.raises(UserError, match=r"needs the ALFWorld engine \(pip install 'mmrl\[alfworld\]'\)"):

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from mmrl.models import load_model, load_tokenizer, resolve
-from mmrl.models.embedded import train_tokenizer
-from mmrl.trainer.evaluate import pass_at_k
+from mmrl.models.recipes.embedded import train_tokenizer
+from mmrl.run.scoring import pass_at_k
 
 
 def test_tokenizer_is_deterministic_and_qwen_like():
@@ -87,18 +87,18 @@ def test_eval_reads_a_model_folder_as_a_model_not_as_a_run(embedded_model_dir):
 @pytest.fixture
 def no_evaluation(monkeypatch):
     """Fails the test if the evaluation itself starts: --out is to be checked before it."""
-    import mmrl.trainer.build
+    import mmrl.run.build
 
     def reached(*args, **kwargs):
         raise AssertionError("the evaluation started")
 
-    monkeypatch.setattr(mmrl.trainer.build, "build_task", reached)
+    monkeypatch.setattr(mmrl.run.build, "build_task", reached)
 
 
 def test_eval_out_is_checked_before_the_evaluation(tmp_path, capsys, no_evaluation):
     from mmrl.eval import main
+    from mmrl.run.run_dir import claim
     from mmrl.train import parse_config
-    from mmrl.trainer.run_dir import claim
 
     run = tmp_path / "run"
     cfg = parse_config(["--out", str(run)])

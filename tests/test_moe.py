@@ -10,8 +10,9 @@ import mmrl.algos as algos
 from mmrl import moe
 from mmrl.batch import Group, Response, collate
 from mmrl.models import load_model, load_tokenizer
+from mmrl.run.prompts import encode_prompt
 from mmrl.trainer.local import build_trainer
-from mmrl.trainer.rollout import encode_prompt, response_logprobs
+from mmrl.trainer.rollout import response_logprobs
 
 MOE = "embedded:tiny-qwen3-moe"
 
@@ -147,8 +148,9 @@ def test_every_algorithm_trains_the_tiny_moe(tmp_path, small_config, name):
                                     "moe.routing_replay": True, "optim.minibatches": 2, **params})
     trainer = build_trainer(cfg)
     last = trainer.run()
-    assert trainer.is_moe and last["updates"] == 2 and last["skipped_updates"] == 0
-    assert trainer.row_by_row_min_width == 0  # π_old, π_θ and the reference score the batch routing was recorded on
+    assert trainer.policy.is_moe and last["updates"] == 2 and last["skipped_updates"] == 0
+    # π_old, π_θ and the reference score the batch routing was recorded on
+    assert trainer.learner.row_by_row_min_width == 0
     for key in ("moe/routing_mismatch", "moe/load_imbalance", "moe/load_entropy", "rollout_load_imbalance"):
         assert key in last
     assert len(last["moe/expert_load"]) == 2 and len(last["moe/expert_load"][0]) == 8
@@ -161,7 +163,7 @@ def test_aux_loss_coefficient_adds_the_switch_loss(tmp_path, small_config):
                                                                   "moe.aux_loss_coef": coef}))
         batch, _ = trainer.prepare_batch(trainer.collect_rollouts()[0])
         rows = torch.arange(batch.size)
-        _, _, extra, metrics = trainer.moe_forward(batch, rows, batch.select(rows))
+        _, _, extra, metrics = trainer.learner.moe_forward(batch, rows, batch.select(rows))
         return float(extra), metrics
 
     zero, m0 = router_loss(0.0, "a")

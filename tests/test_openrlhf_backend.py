@@ -180,7 +180,7 @@ def test_experience_maker_advantages_and_statistics_equal_mmrls_on_the_whole_bat
     assert len(experiences) == len(samples) // 4  # one experience per micro-batch of 4 (here: one group each)
     rewards = torch.tensor([r for g in GROUP_REWARDS for r in g], dtype=torch.float32)
     group_ids = torch.arange(len(rewards)) // N
-    algo = algos.get(name, **launch_args(tmp_path, name).mmrl["params"])
+    algo = algos.get(name, **launch_args(tmp_path, name).mmrl.params)
     expected = algo.advantages(rewards, group_ids)
     got = torch.cat([sequence_advantages(e.advantages, e.action_mask) for e in experiences])
     assert torch.allclose(got, expected, atol=1e-6)
@@ -365,7 +365,7 @@ def test_eval_sets_run_with_their_own_sampling_and_score_accuracy_not_reward(tmp
             '{name: sampled, samples: 2, temperature: 0.8, top_p: 0.9, metric: avg@2}]')
     args = launch_args(tmp_path, "grpo", "--cluster.colocate", "false", "--evaluation.sets", sets,
                        "--run.eval_every", "1")
-    specs = args.mmrl["eval_sets"]
+    specs = args.mmrl.eval_sets
     assert [s["name"] for s in specs] == ["greedy", "sampled"] and args.eval.dataset == specs[0]["file"]
     trainer = MmrlPPOTrainer(args.actor.model_name_or_path, make_strategy(args), None, None, None, None, None,
                              max_new_tokens=8, temperature=1.0, top_p=1.0)

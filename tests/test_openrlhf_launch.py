@@ -20,9 +20,9 @@ from mmrl.openrlhf.checkpoint import remove_tag, rotate_tags
 from mmrl.openrlhf.cli import parse_openrlhf_args
 from mmrl.openrlhf.launch import prepare, resolve_launch
 from mmrl.openrlhf.reward import completion_text
+from mmrl.run.config import validate
 from mmrl.tasks import get_task
 from mmrl.train import parse_config
-from mmrl.trainer.config import validate
 
 SMALL_CLUSTER = ["--cluster.nodes", "1", "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2",
                  "--rollout.prompts_per_step", "4", "--rollout.samples_per_prompt", "4", "--steps", "3"]
@@ -57,9 +57,9 @@ def test_every_algo_and_task_gives_a_namespace_openrlhf_accepts(algo, task, tmp_
     assert args.actor.aux_loss_coef == 0.0  # moe.aux_loss_coef passes through
     uses_ref = algo == "grpo"
     assert (args.algo.kl.init_coef > 0) == uses_ref and args.algo.kl.use_loss == uses_ref
-    assert args.mmrl["algo"] == algo and args.mmrl["samples_per_prompt"] == 4
+    assert args.mmrl.algo == algo and args.mmrl.samples_per_prompt == 4
     if algo == "dr_grpo":
-        assert args.mmrl["params"]["max_tokens"] == cfg.rollout.max_new_tokens
+        assert args.mmrl.params["max_tokens"] == cfg.rollout.max_new_tokens
     rows = [json.loads(line) for line in open(launch.files["train"])]
     expected = get_task(task, **cfg.task.options).train
     assert len(rows) == len(expected) and rows[0]["messages"] == expected[0]["messages"]
@@ -74,8 +74,8 @@ def test_run_steps_cover_the_prompt_set(tmp_path, embedded_model_dir):
     assert (args.data.max_samples, args.train.num_episodes, args.train.max_epochs) == (rows, 3, 2)
     assert args.actor.lr_scheduler == "constant_with_warmup"
     # the lr schedule spans the run's 50 × 2 optimizer steps, not the 3 episodes' 120 (mmrl's trainer hands the actors
-    # args.mmrl["optimizer_steps"]); OpenRLHF warms up ceil(steps × ratio) of them
-    assert args.mmrl["optimizer_steps"] == 100
+    # args.mmrl.optimizer_steps); OpenRLHF warms up ceil(steps × ratio) of them
+    assert args.mmrl.optimizer_steps == 100
     assert math.ceil(100 * args.actor.lr_warmup_ratio) == 10
 
 
@@ -86,14 +86,14 @@ def test_lr_schedule_is_the_same_on_both_backends(schedule, tmp_path, embedded_m
     the cosine, openrlhf/utils/deepspeed/deepspeed.py) give the same lr at every optimizer step."""
     from transformers import get_scheduler
 
-    from mmrl.trainer.schedule import build_scheduler
+    from mmrl.run.schedule import build_scheduler
 
     extra = ["--optim.min_lr_ratio", "0.1"] if schedule == "cosine" else []
     cfg = parse_config(["--backend", "openrlhf", "--out", str(tmp_path), *SMALL_CLUSTER, "--steps", "20",
                         "--optim.warmup_steps", "3", "--optim.schedule", schedule, *extra])
     args = resolve_launch(cfg, write=False).args
     total = cfg.run.steps * cfg.optim.epochs * cfg.optim.minibatches
-    assert args.mmrl["optimizer_steps"] == total  # what the trainer hands OpenRLHF as scheduler_steps
+    assert args.mmrl.optimizer_steps == total  # what the trainer hands OpenRLHF as scheduler_steps
 
     def lrs(scheduler, optimizer):
         out = []
@@ -192,7 +192,7 @@ def test_the_launch_holds_the_run_directory(tmp_path, embedded_model_dir):
     """The driver's claim is the local trainer's: while it holds the folder, no run of either backend writes there."""
     import os
 
-    from mmrl.trainer.run_dir import claim
+    from mmrl.run.run_dir import claim
 
     out = tmp_path / "run"
     _, owner = prepare(openrlhf_cfg(out))
@@ -445,9 +445,9 @@ def test_a_model_with_its_own_code_launches_only_when_trusted(tmp_path, embedded
     assert "config.json name it under auto_map" in str(err.value) and "--model.trust_remote_code true" in \
         str(err.value) and "\n" not in str(err.value)
     args = resolve_launch(parse_config([*base, "--model.trust_remote_code", "true"]), write=False).args
-    assert args.mmrl["trust_remote_code"] is True
+    assert args.mmrl.trust_remote_code is True
     plain = resolve_launch(parse_config(base[:-2]), write=False).args
-    assert plain.mmrl["trust_remote_code"] is False  # the rehearsal's rollout actors follow it
+    assert plain.mmrl.trust_remote_code is False  # the rehearsal's rollout actors follow it
 
 
 def test_dry_run_of_an_image_task_checks_the_model_family(tmp_path, capsys, embedded_model_dir):
@@ -467,7 +467,7 @@ def test_dry_run_of_an_image_task_checks_the_model_family(tmp_path, capsys, embe
 def test_secret_flags_of_cluster_extra_are_masked_in_the_launch_and_config_json(tmp_path, capsys,
                                                                                 embedded_model_dir):
     from mmrl.openrlhf.launch import describe
-    from mmrl.trainer.masking import is_secret
+    from mmrl.run.masking import is_secret
 
     extra = '{"--logger.wandb.key": "wk-123456", "actor.entropy_coef": 0.0}'
     cfg = parse_config(["--backend", "openrlhf", "--out", str(tmp_path), *SMALL_CLUSTER, "--cluster.extra", extra])
@@ -512,7 +512,7 @@ def test_the_entropy_bonus_reaches_openrlhfs_training_step(coef, tmp_path, embed
     cfg = parse_config(["--backend", "openrlhf", "--algo", "gmpo", "--algo.entropy_coef", str(coef), "--out",
                         str(tmp_path / "run"), *SMALL_CLUSTER])
     args = resolve_launch(cfg, write=False).args
-    assert args.actor.entropy_coef == (coef or None) and args.mmrl["params"]["entropy_coef"] == coef
+    assert args.actor.entropy_coef == (coef or None) and args.mmrl.params["entropy_coef"] == coef
 
 
 def tag(actor, name: str, metric: float | None = None, age: int = 0) -> None:
@@ -594,3 +594,65 @@ def test_removing_a_tag_leaves_what_its_writers_did_not_write(tmp_path):
         (folder / name).write_text("x")
     assert remove_tag(folder) == (["mp_rank_00_model_states.pt"], ["mmrl_replay", "states.md"])
     assert sorted(p.name for p in folder.rglob("*")) == ["mmrl_replay", "notes.txt", "states.md"]
+
+
+def test_the_actor_spec_refuses_an_unknown_missing_or_mistyped_field_at_launch(tmp_path, embedded_model_dir):
+    """``args.mmrl`` is built once on the driver: a misspelt, missing or mistyped field fails there."""
+    import dataclasses
+
+    from mmrl.openrlhf.spec import ActorSpec
+
+    cfg = parse_config(["--backend", "openrlhf", "--algo", "grpo", "--out", str(tmp_path / "run"), *SMALL_CLUSTER])
+    spec = resolve_launch(cfg, write=False).args.mmrl
+    assert isinstance(spec, ActorSpec) and spec.algo == "grpo"
+    fields = dataclasses.asdict(spec)
+    assert ActorSpec(**fields) == spec
+    with pytest.raises(TypeError, match="samples_per_promt"):
+        ActorSpec(**fields, samples_per_promt=4)
+    with pytest.raises(TypeError, match="metrics_path"):
+        ActorSpec(**{k: v for k, v in fields.items() if k != "metrics_path"})
+    with pytest.raises(TypeError, match=r"ActorSpec.steps: expected int, got '3'"):
+        ActorSpec(**{**fields, "steps": "3"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.steps = 4
+
+
+def actor_spec_reads(source: str) -> set[str]:
+    """Every field read off an `ActorSpec` in ``source``: ``<...>.mmrl.<field>``, and ``<name>.<field>`` for a name
+    bound to one (a parameter annotated ``ActorSpec``, or ``name = <...>.mmrl``)."""
+    import ast
+
+    tree = ast.parse(source)
+    names = {"mmrl_spec"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None and "ActorSpec" in ast.unparse(node.annotation):
+            names.add(node.arg)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Attribute) \
+                and node.value.attr == "mmrl":
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    reads = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            value = node.value
+            if (isinstance(value, ast.Attribute) and value.attr == "mmrl") or \
+                    (isinstance(value, ast.Name) and value.id in names):
+                reads.add(node.attr)
+    return reads
+
+
+def test_every_field_the_backend_reads_off_the_actor_spec_exists():
+    """The actors read ``args.mmrl`` on GPU nodes: a misspelt field there fails here instead."""
+    import dataclasses
+
+    from mmrl.openrlhf.spec import ActorSpec
+
+    assert actor_spec_reads("def f(spec: ActorSpec):\n    return spec.stpes\n") == {"stpes"}  # the check can fail
+    assert actor_spec_reads("def f(args):\n    s = args.mmrl\n    return s.steps + args.mmrl.resume\n") == \
+        {"steps", "resume"}
+    fields = {f.name for f in dataclasses.fields(ActorSpec)}
+    source = Path(__file__).resolve().parents[1] / "mmrl" / "openrlhf"
+    read = {path.name: actor_spec_reads(path.read_text()) for path in sorted(source.glob("*.py"))}
+    assert set().union(*read.values()) >= {"algo", "params", "samples_per_prompt", "optimizer_steps", "eval_sets"}
+    unknown = {name: sorted(r - fields) for name, r in read.items() if r - fields}
+    assert not unknown, f"fields read off args.mmrl that ActorSpec does not have: {unknown}"

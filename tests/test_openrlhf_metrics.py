@@ -38,7 +38,7 @@ def test_rollout_top_k_reaches_vllm_but_not_the_evaluation_sets():
     local backend evaluates, without it."""
     from mmrl.openrlhf.evaluation import rollout_top_k, set_generate_kwargs
 
-    assert rollout_top_k({"top_k": 50}) == 50 and rollout_top_k({"top_k": 0}) == -1 and rollout_top_k({}) == -1
+    assert rollout_top_k(50) == 50 and rollout_top_k(0) == -1
     spec = {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 8, "samples": 2}
     kwargs = set_generate_kwargs(spec, {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "max_len": 64})
     assert kwargs["top_k"] == -1 and kwargs["temperature"] == 0.6 and kwargs["max_len"] == 64

@@ -27,7 +27,8 @@ from mmrl.openrlhf.replay import SampleReplay, stored_fields
 from mmrl.replay import ReplayStore
 from mmrl.rewards.base import RewardResult
 from mmrl.train import parse_config
-from mmrl.trainer.local import ReplayHistory, build_trainer
+from mmrl.trainer.collect import ReplayHistory
+from mmrl.trainer.local import build_trainer
 from mmrl.trainer.rollout import response_logprobs
 
 with openrlhf_importable():
@@ -202,7 +203,7 @@ def test_replayed_weights_on_openrlhf_equal_the_local_trainers(tmp_path, embedde
                                         "--cluster.gpus_per_node", "1", "--cluster.vllm_engines", "1",
                                         "--rollout.prompts_per_step", "4", "--rollout.samples_per_prompt", str(N),
                                         "--rollout.replay_historical", str(K)]), write=False).args
-    assert args.mmrl["replay_historical"] == K
+    assert args.mmrl.replay_historical == K
     maker = MakerOnOneActor(None, None, None, None, None, SimpleNamespace(args=args),
                             SimpleNamespace(pad_token_id=0), mmrl_spec=args.mmrl)
     replay = maker.replay = SampleReplay(N, K)
@@ -214,12 +215,12 @@ def test_replayed_weights_on_openrlhf_equal_the_local_trainers(tmp_path, embedde
                          reward=RewardResult(float(rng.random() < 0.5))) for _ in range(n)]
 
     def as_samples(index: int, rs: list[Response]) -> list[Experience]:
-        return [sample(f"prompt {index}", r.token_ids, r.reward.score, trainer.prompt_ids(index)) for r in rs]
+        return [sample(f"prompt {index}", r.token_ids, r.reward.score, trainer.rollouts.prompt_ids(index)) for r in rs]
 
     policy_0 = copy.deepcopy(trainer.model)
     first = {i: responses(N) for i in prompts}
     for i in prompts:  # the local trainer's sample_groups stores a step's fresh responses
-        trainer.history.add(i, first[i])
+        trainer.rollouts.history.add(i, first[i])
     maker.policy = policy_0
     replay.start_step()
     maker.make_experience_batch(replay.mix([s for i in prompts for s in as_samples(i, first[i])]))
@@ -228,7 +229,8 @@ def test_replayed_weights_on_openrlhf_equal_the_local_trainers(tmp_path, embedde
     perturbed(trainer.model, seed=1)  # π_1: the policy that starts step 2
     second = {i: responses(N - K) for i in prompts}
     assert all(replay.fresh_count(f"prompt {i}", f"label of prompt {i}") == N - K for i in prompts)
-    groups = [Group(i, trainer.task.train[i], trainer.prompt_ids(i), second[i] + trainer.history.take(i, K))
+    groups = [Group(i, trainer.task.train[i], trainer.rollouts.prompt_ids(i),
+                    second[i] + trainer.rollouts.history.take(i, K))
               for i in prompts]
     batch, _ = trainer.prepare_batch(groups)
     maker.policy = trainer.model
@@ -383,6 +385,6 @@ def test_a_resume_with_replay_checks_the_store_of_the_checkpoint_deepspeed_loads
     with pytest.raises(UserError) as err:
         resumed_launch(tmp_path, "--rollout.replay_historical", str(K))
     assert str(err.value).startswith(f"{actor / 'global_step2' / 'mmrl_replay'} is missing")
-    assert resumed_launch(tmp_path).args.mmrl["replay_historical"] == 0  # replay off: no store is read
+    assert resumed_launch(tmp_path).args.mmrl.replay_historical == 0  # replay off: no store is read
     filled_replay().save(actor / "global_step2")
     assert resumed_launch(tmp_path, "--rollout.replay_historical", str(K)).args.ckpt.load_enable

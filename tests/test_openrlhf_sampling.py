@@ -12,7 +12,7 @@ from openrlhf_stubs import openrlhf_importable
 from mmrl.models import load_model, load_tokenizer
 from mmrl.openrlhf import vllm_stand_in
 from mmrl.openrlhf.evaluation import set_generate_kwargs
-from mmrl.trainer.rollout import encode_prompt
+from mmrl.run.prompts import encode_prompt
 
 with openrlhf_importable():
     from openrlhf.trainer.ppo_utils import samples_generator

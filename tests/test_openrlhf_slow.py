@@ -159,7 +159,7 @@ def test_deepspeed_zero2_step_of_mmrls_actor_matches_the_local_gradient(name, tm
                                                                          embedded_model_dir):
     # 4 prompts × 4 responses on one rank, micro-batches of 8 (two whole groups): DeepSpeed accumulates 2 of them
     args = launch_args(tmp_path, name)
-    algo = algos.get(name, **args.mmrl["params"])
+    algo = algos.get(name, **args.mmrl.params)
     local_model, ds_model = tiny_policy(), tiny_policy()
     batch = rollout_with_old_logprobs(local_model, REWARDS)
     loss, want = local_objective_gradient(local_model, batch, algo)
@@ -205,7 +205,7 @@ def test_two_deepspeed_ranks_give_the_whole_steps_gradient(name, tmp_path, embed
     import torch.multiprocessing as mp
     from openrlhf_dp_worker import run_rank
 
-    algo = algos.get(name, **launch_args(tmp_path, name, gpus=2, prompts=len(REWARDS_DP)).mmrl["params"])
+    algo = algos.get(name, **launch_args(tmp_path, name, gpus=2, prompts=len(REWARDS_DP)).mmrl.params)
     model = tiny_policy()
     loss, want = local_objective_gradient(model, rollout_with_old_logprobs(model, REWARDS_DP), algo)
     mp.spawn(run_rank, args=(2, free_port(), name, str(tmp_path)), nprocs=2, join=True)

@@ -30,10 +30,12 @@ from mmrl.models import load_tokenizer  # noqa: E402
 from mmrl.openrlhf.grouping import GROUP_KEY, lay_out_turns  # noqa: E402
 from mmrl.openrlhf.launch import episode_rows, resolve_launch  # noqa: E402
 from mmrl.openrlhf.vllm_stand_in import CompletionOutput, RequestOutput, SamplingParams  # noqa: E402
+from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.train import parse_config  # noqa: E402
-from mmrl.trainer.episodes import Episode, Turn, TurnRenderer, run_episodes  # noqa: E402
-from mmrl.trainer.local import turn_steps  # noqa: E402
+from mmrl.trainer.episodes import Episode, run_episodes  # noqa: E402
+from mmrl.trainer.learner import turn_steps  # noqa: E402
+from mmrl.trainer.turn_sampler import Turn  # noqa: E402
 
 with openrlhf_importable():
     from mmrl.openrlhf.experience import MmrlExperienceMaker
@@ -141,7 +143,7 @@ def test_turn_rows_and_advantages_equal_the_local_backends(name, flags, tmp_path
                         "--cluster.gpus_per_node", "2", "--cluster.vllm_engines", "2", "--out", str(tmp_path / "r"),
                         *[f"--task.{k}={v}" for k, v in TASK_OPTIONS.items()]])
     args = resolve_launch(cfg, write=False).args
-    algo = algos.get(name, **args.mmrl["params"])
+    algo = algos.get(name, **args.mmrl.params)
     want_rows, want_rewards, want_groups, want_adv = local_rows(task, tokenizer, algo)
     shares = openrlhf_rows(task, tokenizer, args)
     assert len(shares) == 2  # one experience per policy rank
@@ -162,7 +164,7 @@ def test_turn_rows_and_advantages_equal_the_local_backends(name, flags, tmp_path
 def test_the_launch_plays_the_turn_layout_and_counts_mini_batches_in_turns(tmp_path):
     from mmrl.errors import UserError
     from mmrl.openrlhf.grouping import rank_shares
-    from mmrl.trainer.config import validate
+    from mmrl.run.config import validate
 
     base = ["--backend", "openrlhf", "--task", "alfworld", "--algo", "gigpo", "--model", AGENT,
             "--rollout.agent_layout", "turn", "--rollout.prompts_per_step", "2", "--rollout.samples_per_prompt", "4",

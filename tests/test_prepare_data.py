@@ -24,9 +24,9 @@ import pytest
 import recipe_data
 
 from mmrl.cli import run_cli
+from mmrl.run.build import build_task
+from mmrl.run.eval_sets import build_eval_sets
 from mmrl.train import parse_config
-from mmrl.trainer.build import build_task
-from mmrl.trainer.eval_sets import build_eval_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "cluster"

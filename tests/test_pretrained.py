@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from mmrl.batch import Group, Response, collate
+from mmrl.run.prompts import encode_prompt
 from mmrl.trainer.local import build_trainer
-from mmrl.trainer.rollout import NEUTRAL_SAMPLING, batch_logprobs, encode_prompt
+from mmrl.trainer.rollout import NEUTRAL_SAMPLING, batch_logprobs
 
 
 @pytest.mark.slow

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import recipe_data
 
+from mmrl.run.build import build_task
+from mmrl.run.eval_sets import build_eval_sets
+from mmrl.run.prompts import encode_prompt
 from mmrl.tasks.base import option_defaults
 from mmrl.train import parse_config
-from mmrl.trainer.build import build_task
-from mmrl.trainer.eval_sets import build_eval_sets
-from mmrl.trainer.rollout import encode_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "cluster"

@@ -163,7 +163,7 @@ EVAL_PROBLEMS = 2
 def test_text_rehearsals_ask_the_bare_question(recipe, stand_in, tmp_path):
     """What a text recipe's rehearsal step sends the embedded model is each stand-in problem alone as the only turn,
     the chat it was pre-trained on, whatever system prompt and template the recipe gives its real model."""
-    from mmrl.trainer.build import build_task
+    from mmrl.run.build import build_task
 
     train = stand_in(tmp_path, 6)
     cfg = parse_config(["--config", str(CLUSTER / f"{recipe}.yaml"), "--model", "embedded:tiny-qwen2",
@@ -206,8 +206,8 @@ def _rehearse_recipe(recipe: str, address: str, tmp_path: Path, *flags: str):
 def _check_recipe_step(out: Path, cfg, recipe_cfg, stdout: str, rows_per_set: dict[str, int], steps: int = 1) -> dict:
     """What every recipe's rehearsal run of ``steps`` steps must show; returns step 1's metrics line."""
     from mmrl.openrlhf.args import optimizer_steps
-    from mmrl.trainer.build import build_algorithm
-    from mmrl.trainer.schedule import build_scheduler
+    from mmrl.run.build import build_algorithm
+    from mmrl.run.schedule import build_scheduler
 
     check_run(out, steps, weights_show_step=False)
     # the objective the policy's loss function called is the recipe's, every hyper-parameter the YAML sets included

@@ -133,7 +133,7 @@ def test_reward_model_scorer_on_a_tiny_local_model(tmp_path):
     import torch
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from mmrl.models.embedded import train_tokenizer
+    from mmrl.models.recipes.embedded import train_tokenizer
     from mmrl.rewards import RewardModelScorer
 
     tok = train_tokenizer()

@@ -14,9 +14,9 @@ import tempfile
 
 import pytest
 
+from mmrl.run.config import TrainConfig
+from mmrl.run.run_dir import LOCK_NAME, RECORD_NAME, RESUMES_NAME, claim, run_owning
 from mmrl.train import parse_config
-from mmrl.trainer.config import TrainConfig
-from mmrl.trainer.run_dir import LOCK_NAME, RECORD_NAME, RESUMES_NAME, claim, run_owning
 
 
 def make_run(run_dir, **sections) -> TrainConfig:
@@ -42,7 +42,7 @@ def test_a_second_run_into_the_same_out_is_refused(tmp_path):
 
 def test_a_lock_held_by_another_process_names_its_pid(tmp_path):
     run = tmp_path / "run"
-    code = ("import sys, time; from mmrl.trainer.run_dir import RunLock; from pathlib import Path; "
+    code = ("import sys, time; from mmrl.run.run_dir import RunLock; from pathlib import Path; "
             "lock = RunLock(Path(sys.argv[1])); lock.acquire(); print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True)
     try:
@@ -161,7 +161,7 @@ def test_two_trainings_at_once_from_the_command_line(tmp_path, embedded_model_di
 def test_a_start_that_fails_after_the_claim_leaves_no_lock_file(tmp_path):
     """The lock file goes when its process exits, however the start failed (only a kill -9 leaves one behind)."""
     run = tmp_path / "run"
-    code = ("import sys; from mmrl.train import parse_config; from mmrl.trainer.run_dir import claim; "
+    code = ("import sys; from mmrl.train import parse_config; from mmrl.run.run_dir import claim; "
             "owner = claim(parse_config(['--out', sys.argv[1]])); raise SystemExit(2)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-c", code, str(run)], env=env, capture_output=True, timeout=120)
@@ -171,7 +171,7 @@ def test_a_start_that_fails_after_the_claim_leaves_no_lock_file(tmp_path):
 def test_logger_files_belong_to_the_run():
     """TensorBoard event files and the W&B folder written by --run.tensorboard / --run.wandb are the run's own, not a
     user's files (a later run into the folder must not call it foreign)."""
-    from mmrl.trainer.run_dir import is_run_file
+    from mmrl.run.run_dir import is_run_file
 
     assert is_run_file("events.out.tfevents.1732300000.host.1234.0")
     assert is_run_file("wandb") and is_run_file("wandb_run_id") and is_run_file("metrics.jsonl")

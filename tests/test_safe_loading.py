@@ -21,8 +21,8 @@ import torch
 from mmrl.batch import Response
 from mmrl.convert_checkpoint import convert_run
 from mmrl.rewards.base import RewardResult
-from mmrl.trainer.checkpoint import LEGACY_STATE, LegacyCheckpoint, load_latest
-from mmrl.trainer.config import TrainConfig
+from mmrl.run.checkpoint import LEGACY_STATE, LegacyCheckpoint, load_latest
+from mmrl.run.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

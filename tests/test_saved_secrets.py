@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from mmrl.run.config import validate
+from mmrl.run.masking import MASK, mask_urls, masked_config
+from mmrl.run.run_dir import RESUMES_NAME, claim
 from mmrl.train import parse_config
-from mmrl.trainer.config import validate
-from mmrl.trainer.masking import MASK, mask_urls, masked_config
-from mmrl.trainer.run_dir import RESUMES_NAME, claim
 
 SECRETS = ("SEKRET-123", "TOK-456", "NEW-789")
 

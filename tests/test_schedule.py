@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmrl.trainer.schedule import SCHEDULES, build_scheduler
+from mmrl.run.schedule import SCHEDULES, build_scheduler
 
 
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
@@ -36,7 +36,7 @@ def test_a_plain_run_does_not_import_the_trainer_stack_of_transformers():
     import subprocess
     import sys
 
-    code = ("import sys, torch; from mmrl.trainer.schedule import build_scheduler; "
+    code = ("import sys, torch; from mmrl.run.schedule import build_scheduler; "
             "build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1), 'cosine', 1, 5, 0.1); "
             "print(sorted(m for m in ('peft', 'bitsandbytes', 'transformers.trainer_utils') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,5 +1,5 @@
 """The embedded models the package ships: every file matches the manifest, the loader checks them and never builds,
-an install carries them, and ``python -m mmrl.models.ship`` adds a model."""
+an install carries them, and ``python -m mmrl.models.recipes.ship`` adds a model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from mmrl.cache import EMBEDDED_NAME, RECIPE_VERSIONS
 from mmrl.models import shipped
-from mmrl.models.ship import MAX_FILE_BYTES, ship_files, warm_start_skill
+from mmrl.models.recipes.ship import MAX_FILE_BYTES, ship_files, warm_start_skill
 from mmrl.models.shipped import MANIFEST_NAME, WEIGHTS_DIR, file_sha256, read_manifest, shipped_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def test_the_shipped_files_match_the_manifest(name):
     assert entry["command"] and {"torch", "transformers", "kernels"} <= set(entry["build"])
     assert entry["recipe"] == RECIPE_VERSIONS.get(name)
     skill = entry["skill"]
-    assert skill is not None, f"{name} has no measured skill; python -m mmrl.models.ship {name} --eval ..."
+    assert skill is not None, f"{name} has no measured skill; python -m mmrl.models.recipes.ship {name} --eval ..."
     assert skill["command"].startswith("python ") and skill["result"]
 
 
@@ -173,7 +173,7 @@ def test_one_command_ships_a_warm_started_agent(tmp_path, capsys):
     """The command that adds benchmarks/alfworld.py's warm-started agent: its folder has no build.json, its skill is
     the greedy held-out success the warm start measured, its record the command that made it."""
     from mmrl.cache import EMBEDDED_AGENT_NAME, EMBEDDED_AGENT_SFT_NAME, EMBEDDED_VERSIONS
-    from mmrl.models.ship import main
+    from mmrl.models.recipes.ship import main
 
     source = tmp_path / "sft-seed0"
     shutil.copytree(WEIGHTS_DIR / MANIFEST[EMBEDDED_AGENT_NAME]["dir"], source / "model")

@@ -160,9 +160,9 @@ def test_math_one_shot_example_is_in_the_r1_format(tmp_path):
 
 
 def test_pretrained_models_get_the_instruct_chat_unless_the_user_chose(tmp_path):
+    from mmrl.run.build import build_task
+    from mmrl.run.config import TrainConfig
     from mmrl.tasks.base import TASK_PRETRAINED_OPTIONS, options_for_model
-    from mmrl.trainer.build import build_task
-    from mmrl.trainer.config import TrainConfig
 
     assert set(TASK_PRETRAINED_OPTIONS) == {"arithmetic", "countdown", "math"}
     assert options_for_model("arithmetic", {"ops": "+-"}, embedded=True) == {"ops": "+-"}

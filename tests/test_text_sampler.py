@@ -7,7 +7,8 @@ import torch
 
 from mmrl.batch import Group, collate
 from mmrl.models import load_model, load_tokenizer
-from mmrl.trainer.rollout import batch_logprobs, encode_prompt, eos_ids, generate
+from mmrl.run.prompts import encode_prompt
+from mmrl.trainer.rollout import batch_logprobs, eos_ids, generate
 from mmrl.trainer.text_sampler import draw_tokens, sample_texts
 
 MODELS = ["embedded:tiny-qwen2", "embedded:tiny-qwen3-moe"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mmrl.algos as algos
-from mmrl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from mmrl.run.checkpoint import latest_checkpoint, load_checkpoint
 from mmrl.trainer.local import build_trainer
 from mmrl.trainer.rollout import batch_logprobs
 
@@ -75,7 +75,7 @@ def test_gpg_resamples_until_enough_valid_groups(tmp_path, embedded_model_dir, s
     assert valid == sorted(valid, reverse=True)  # valid groups first, then degenerate ones from the last round
     if not all(valid):
         assert info["resample_rounds"] == 3
-    assert trainer.sampler.pos >= 4 * (1 + info["resample_rounds"]) or trainer.sampler.order
+    assert trainer.rollouts.sampler.pos >= 4 * (1 + info["resample_rounds"]) or trainer.rollouts.sampler.order
     # β_th = 0 turns it off: exactly one round.
     off = build_trainer(small_config(tmp_path / "off", **{"algo.name": "gpg", "algo.valid_threshold": 0.0}))
     assert off.collect_rollouts()[1] == {}
@@ -135,10 +135,10 @@ def test_dr_grpo_normaliser_is_the_generation_budget(tmp_path, embedded_model_di
 
 
 def test_reference_model_only_when_needed(tmp_path, embedded_model_dir, small_config):
-    assert build_trainer(small_config(tmp_path / "a")).ref_model is None
+    assert build_trainer(small_config(tmp_path / "a")).learner.ref_model is None
     with_kl = build_trainer(small_config(tmp_path / "b", **{"algo.kl_coef": 0.04}))
-    assert with_kl.ref_model is not None
-    assert not any(p.requires_grad for p in with_kl.ref_model.parameters())
+    assert with_kl.learner.ref_model is not None
+    assert not any(p.requires_grad for p in with_kl.learner.ref_model.parameters())
     with_kl.run()
 
 
@@ -226,7 +226,7 @@ def test_micro_batching_accumulates_the_exact_mini_batch_gradient(tmp_path, embe
         batch, stats = trainer.prepare_batch(trainer.collect_rollouts()[0])
         assert float(batch.rewards.std()) > 0, "the pinned seed must draw a batch with reward signal"
         if micro:
-            assert len(trainer.micro_batches(batch, torch.arange(4))) == 4
+            assert len(trainer.learner.micro_batches(batch, torch.arange(4))) == 4
         trainer.update(batch, stats)
         return grads[0]
 
@@ -245,7 +245,7 @@ def test_pi_old_from_the_update_gives_the_separate_forwards_gradient(tmp_path, e
 
     def first_gradient(separate: bool, where: str) -> list[torch.Tensor]:
         trainer = build_trainer(small_config(tmp_path / where, **{"algo.name": name, "run.steps": 1, **extra}))
-        assert trainer.old_logprobs_from_update()
+        assert trainer.learner.old_logprobs_from_update()
         grads: list[list[torch.Tensor]] = []
         trainer.optimizer.register_step_pre_hook(
             lambda opt, args, kwargs: grads.append([p.grad.clone() for p in trainer.model.parameters()
@@ -269,7 +269,7 @@ def test_pi_old_from_the_update_gives_the_separate_forwards_gradient(tmp_path, e
 def test_pi_old_is_scored_separately_when_the_update_cannot_give_it(tmp_path, embedded_model_dir, overrides,
                                                                     small_config):
     trainer = build_trainer(small_config(tmp_path, **{"run.steps": 1, **overrides}))
-    assert not trainer.old_logprobs_from_update()
+    assert not trainer.learner.old_logprobs_from_update()
     batch, _ = trainer.prepare_batch(trainer.collect_rollouts()[0])
     assert batch.old_logprobs is not None and torch.isfinite(batch.old_logprobs).all()
 
@@ -296,7 +296,8 @@ def test_bf16_autocast_and_gradient_checkpointing_train(tmp_path, embedded_model
 def test_sampler_ignores_logits_processors_shipped_in_generation_config(embedded_model_dir):
     """A checkpoint's generation_config (top_k=1, repetition penalty) must not change what we sample."""
     from mmrl.models import load_model, load_tokenizer
-    from mmrl.trainer.rollout import encode_prompt, generate
+    from mmrl.run.prompts import encode_prompt
+    from mmrl.trainer.rollout import generate
 
     tok = load_tokenizer("embedded:tiny-qwen2")
     model = load_model("embedded:tiny-qwen2")
@@ -314,7 +315,7 @@ def test_too_long_prompts_fail_at_start_naming_the_field(tmp_path, embedded_mode
 
 
 def test_metrics_survive_a_half_written_line(tmp_path):
-    from mmrl.trainer.metrics import MetricsLog, read_metrics
+    from mmrl.run.metrics import MetricsLog, read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "reward": 1}\n{"step": 1, "rew')
@@ -362,7 +363,7 @@ def test_row_by_row_follows_the_config(tmp_path, embedded_model_dir, small_confi
     from mmrl.trainer.rollout import ROW_BY_ROW_MIN_WIDTH
 
     trainer = build_trainer(small_config(tmp_path, **overrides))
-    assert trainer.row_by_row_min_width == (ROW_BY_ROW_MIN_WIDTH if expected == "split" else 0)
+    assert trainer.learner.row_by_row_min_width == (ROW_BY_ROW_MIN_WIDTH if expected == "split" else 0)
 
 
 def test_the_logged_lr_is_the_mean_rate_of_the_steps_updates(tmp_path, small_config):

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("alfworld")
 pytest.importorskip("mmrl.envs.alfworld")
 
+from mmrl.run.run_dir import RunDir  # noqa: E402
 from mmrl.trainer.local import build_trainer  # noqa: E402
-from mmrl.trainer.run_dir import RunDir  # noqa: E402
 
 AGENT = "embedded:tiny-qwen2-agent"
 

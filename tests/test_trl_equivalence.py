@@ -23,7 +23,7 @@ import torch
 trl = pytest.importorskip("trl")
 
 from mmrl.models import EMBEDDED_NAME, load_model  # noqa: E402
-from mmrl.trainer.config import resolve_config  # noqa: E402
+from mmrl.run.config import resolve_config  # noqa: E402
 from mmrl.trainer.local import build_trainer  # noqa: E402
 from mmrl.trainer.rollout import eos_ids  # noqa: E402
 
@@ -129,8 +129,8 @@ def test_a_worker_that_dies_ends_the_comparison_instead_of_hanging_it(tmp_path):
 def test_trl_is_given_the_prompts_mmrl_builds_for_the_model(compare, embedded_model_dir, tmp_path):
     """A checkpoint that is not embedded gets the task's pretrained-model chat on mmrl's side (system prompt, one
     solved example); TRL's dataset must be built from that same task, or the two sides train on other prompts."""
-    from mmrl.trainer.build import build_task
-    from mmrl.trainer.config import resolve_config
+    from mmrl.run.build import build_task
+    from mmrl.run.config import resolve_config
 
     settings = {"model": str(embedded_model_dir), "steps": 1, "prompts": 2, "group": 2, "max_new_tokens": 4,
                 "lr": 1e-6, "temperature": 1.0}

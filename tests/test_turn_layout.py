@@ -15,11 +15,13 @@ pytest.importorskip("mmrl.envs.alfworld")
 
 from mmrl.batch import Group, collate  # noqa: E402
 from mmrl.models import load_tokenizer  # noqa: E402
+from mmrl.run.build import build_algorithm  # noqa: E402
+from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.train import parse_config  # noqa: E402
-from mmrl.trainer.build import build_algorithm  # noqa: E402
-from mmrl.trainer.episodes import Episode, Turn, TurnRenderer, run_episodes  # noqa: E402
+from mmrl.trainer.episodes import Episode, run_episodes  # noqa: E402
 from mmrl.trainer.local import build_trainer  # noqa: E402
+from mmrl.trainer.turn_sampler import Turn  # noqa: E402
 
 AGENT = "embedded:tiny-qwen2-agent"
 FAST = {"n_per_type": 1, "n_eval_per_type": 1, "max_eval_games": 2}
@@ -107,7 +109,7 @@ def test_layout_combinations_fail_at_start_with_one_line():
     with pytest.raises(ValueError, match="agent_layout turn is for multi-turn"):
         algo_for("--algo", "grpo", "--rollout.agent_layout", "turn", multi_turn=False)
     with pytest.raises(ValueError, match="rollout.agent_layout must be episode or turn"):
-        from mmrl.trainer.config import validate
+        from mmrl.run.config import validate
 
         validate(parse_config(["--rollout.agent_layout", "turns"]))
     # Dr.GRPO's constant normaliser is one turn's budget in the turn layout, a whole episode's otherwise
@@ -136,7 +138,7 @@ def test_training_two_steps_in_the_turn_layout(tmp_path, small_config, name):
             rows = [i for i, r in enumerate(responses) if r.step.episode == episode]
             assert len(set(batch.advantages[rows].tolist())) == 1
     # micro-batches split a game's group by rows for objectives whose loss reads no group statistic
-    micro = trainer.micro_batches(batch, torch.arange(len(groups)))
+    micro = trainer.learner.micro_batches(batch, torch.arange(len(groups)))
     assert max(len(m) for m in micro) <= 3 and sorted(torch.cat(micro).tolist()) == list(range(len(responses)))
     played, collect = [], trainer.collect_rollouts
 
@@ -191,9 +193,9 @@ def test_held_out_play_is_in_the_layout_the_policy_trained_in(tmp_path):
     cache to carry between its re-built prompts), and ``mmrl.eval`` of a run directory takes the run's layout."""
     from mmrl.eval import parse_command
     from mmrl.models import load_model
+    from mmrl.run.run_dir import claim
     from mmrl.train import parse_config
     from mmrl.trainer.evaluate import evaluate_episode_groups
-    from mmrl.trainer.run_dir import claim
 
     task = get_task("alfworld", **FAST, max_steps=3, task_types="pick_and_place")
     tok = load_tokenizer(AGENT)
@@ -217,7 +219,7 @@ def test_per_episode_metrics_count_each_episode_once():
     """A won episode of three turns and a lost one of one turn: the mean return is 5 over episodes, 7.5 over turns."""
     from mmrl.batch import Response
     from mmrl.rewards.base import RewardResult
-    from mmrl.trainer.local import episode_responses
+    from mmrl.trainer.step_metrics import episode_responses
 
     def turns(n: int, score: float) -> list[Response]:
         return [Response([1], reward=RewardResult(score), episode={"steps": n} if i == 0 else None) for i in range(n)]

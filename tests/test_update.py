@@ -55,13 +55,14 @@ def plain_update(trainer, batch, stats) -> dict[str, float]:
             for rows, mass in zip(micro, masses, strict=True):
                 sub = batch.select(rows)
                 router_loss, router_metrics = 0.0, {}
-                with trainer.autocast():
-                    if trainer.is_moe:
-                        logprobs, entropy, router_loss, router_metrics = trainer.moe_forward(batch, rows, sub)
+                with trainer.policy.autocast():
+                    if trainer.policy.is_moe:
+                        logprobs, entropy, router_loss, router_metrics = trainer.learner.moe_forward(batch, rows, sub)
                     else:
                         logprobs, entropy = response_logprobs(
                             model, batch, cfg.rollout.temperature, with_entropy=True, rows=rows,
-                            row_by_row_min_width=trainer.row_by_row_min_width, entropy_grad=algo.entropy_coef > 0)
+                            row_by_row_min_width=trainer.learner.row_by_row_min_width,
+                            entropy_grad=algo.entropy_coef > 0)
                 assert sub.old_logprobs is not None  # several updates per rollout: π_old is scored before them
                 loss, metrics = algo.policy_loss(logprobs=logprobs, old_logprobs=sub.old_logprobs,
                                                  advantages=sub.advantages, mask=sub.response_mask,

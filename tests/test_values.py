@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import mmrl.algos as algos
+from mmrl.run.config import TrainConfig, apply_overrides
 from mmrl.tasks.base import get_task
-from mmrl.trainer.config import TrainConfig, apply_overrides
 from mmrl.values import as_default_type, exact_scalar, yaml_scalar
 
 
@@ -63,8 +63,8 @@ def test_a_path_is_text_and_a_none_default_takes_an_integer_or_none(tmp_path):
 
 
 def test_a_mapping_is_left_to_its_owners_check():
+    from mmrl.run.config import validate
     from mmrl.train import parse_config
-    from mmrl.trainer.config import validate
 
     with pytest.raises(ValueError, match="cluster.extra must be a mapping of OpenRLHF flags"):
         validate(parse_config(["--cluster.extra", "5"]))

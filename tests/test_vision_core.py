@@ -371,7 +371,7 @@ def test_every_algorithm_trains_two_steps_on_geoqa(tmp_path, vl_dir, name, small
     params = {"algo.valid_threshold": 0.0} if name == "gpg" else {}
     cfg = small_config(tmp_path, **{"algo.name": name, "task.name": "geoqa", **VISION_RUN, **params})
     trainer = build_trainer(cfg)
-    assert cfg.model.name == "embedded:tiny-qwen2.5-vl" and trainer.vision is not None
+    assert cfg.model.name == "embedded:tiny-qwen2.5-vl" and trainer.policy.vision is not None
     before = [p.detach().clone() for p in trainer.model.parameters()]
     last = trainer.run()
     assert trainer.step == 2 and "eval/pass@1" in last and last["skipped_updates"] == 0
@@ -392,7 +392,7 @@ def test_every_algorithm_trains_two_steps_on_every_vision_task(tmp_path, vl_dir,
     last = trainer.run()
     assert trainer.step == 2 and "eval/pass@1" in last and last["skipped_updates"] == 0
     if task == "grounding":  # boxes were scored in the frame of the task's default model (Qwen3-VL): samples carry it
-        assert trainer.vision_prompts.group(0).sample["coord_frame"] == "norm1000"
+        assert trainer.rollouts.vision_prompts.group(0).sample["coord_frame"] == "norm1000"
 
 
 def test_eval_cli_on_geoqa(vl_dir, tmp_path, capsys):
@@ -420,8 +420,8 @@ def test_local_qwen2_vl_directory_trains_and_scores_in_its_frame(tmp_path, tiny_
                                     "run.steps": 1, **VISION_RUN})
     trainer = build_trainer(cfg)
     assert type(trainer.model).__name__ == "Qwen2VLForConditionalGeneration"
-    assert trainer.vision.family.coord_frame == "norm1000"
-    assert trainer.vision_prompts.group(0).sample["coord_frame"] == "norm1000"
+    assert trainer.policy.vision.family.coord_frame == "norm1000"
+    assert trainer.rollouts.vision_prompts.group(0).sample["coord_frame"] == "norm1000"
     assert trainer.run()["step"] == 1
 
 
@@ -435,8 +435,8 @@ def test_the_grounding_default_localises_a_lone_shape(grounding_dir):
 
     from transformers import Qwen3VLForConditionalGeneration
 
-    from mmrl.models.embedded_vl import grounding_examples
-    from mmrl.models.pretrain import collate
+    from mmrl.models.recipes.embedded_vl import grounding_examples
+    from mmrl.models.recipes.pretrain import collate
 
     vp = VisionProcessor.from_pretrained(str(grounding_dir))
     model = Qwen3VLForConditionalGeneration.from_pretrained(str(grounding_dir)).eval()

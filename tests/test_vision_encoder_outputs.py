@@ -26,7 +26,7 @@ class QwenVLWithoutEncoderOutputs(Qwen2_5_VLForConditionalGeneration):
 @pytest.fixture(scope="module")
 def vision_batch_and_models():
     """3 geoqa prompts x 2 responses, and the embedded vision architecture (untrained) in both forwards."""
-    from mmrl.models.embedded_vl import vl_tokenizer
+    from mmrl.models.recipes.embedded_vl import vl_tokenizer
     from mmrl.vision.embedded import MAX_PIXELS, MIN_PIXELS, build_processor, tiny_qwen2_5_vl
     from mmrl.vision.family import FAMILIES
     from mmrl.vision.processor import VisionProcessor

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -103,6 +104,14 @@ class TurnSteps:
     step_rewards: Tensor
     anchors: tuple[str, ...]
     penalties: Tensor | None = None
+
+    @classmethod
+    def of(cls, steps: Sequence[Any]) -> TurnSteps:
+        """The facts of row-aligned step records (``episode``, ``index``, ``reward``, ``anchor``, ``penalty`` each:
+        `mmrl.batch.TurnStep`), as both backends hold them."""
+        return cls(torch.tensor([s.episode for s in steps]), torch.tensor([s.index for s in steps]),
+                   torch.tensor([s.reward for s in steps], dtype=torch.float32), tuple(s.anchor for s in steps),
+                   torch.tensor([s.penalty for s in steps], dtype=torch.float32))
 
     def __post_init__(self) -> None:
         n = self.episode_ids.shape[0]
@@ -308,6 +317,17 @@ class Algorithm(abc.ABC):
             with :func:`stats_for_rows`. Empty by default.
         """
         return {}
+
+    def advantages_and_stats(self, rewards: Tensor, group_ids: Tensor, old_logprobs: Tensor | None, mask: Tensor,
+                             steps: TurnSteps | None = None) -> tuple[Tensor, dict[str, Any]]:
+        """(``[N]`` advantages, :meth:`batch_stats`) of one rollout batch: what every backend computes once per batch
+        before the update. ``steps``: the turn layout's row facts (:meth:`turn_advantages`), None otherwise."""
+        if steps is not None:
+            advantages = self.turn_advantages(rewards, group_ids, steps)
+        else:  # DAPO's overlong shaping, when set, lowers the reward the objective trains on (not the logged one)
+            rewards = self.shaped_rewards(rewards, mask.sum(1))
+            advantages = self.advantages(rewards, group_ids)
+        return advantages, self.batch_stats(rewards, group_ids, advantages, old_logprobs, mask)
 
     def loss_mass(self, mask: Tensor, group_ids: Tensor) -> float:
         """The denominator of :meth:`policy_loss`'s average on a (sub-)batch: responses by default.

@@ -9,7 +9,7 @@ Two changes to GRPO remove its biases:
 
 Everything else (token ratio clip, optional k3 KL) is GRPO's, so this is GRPO with other defaults.
 Choice: ``max_tokens`` defaults to ``None``, meaning the padded response width T of the batch the loss sees; both
-backends build the objective through ``with_length_budget`` (mmrl/trainer/build.py), which sets it to the generation
+backends build the objective through ``with_length_budget`` (mmrl/run/build.py), which sets it to the generation
 budget of one response (``rollout.max_new_tokens``; a whole episode's ``rollout.max_episode_tokens`` for multi-turn
 tasks), so that the constant is the same for every mini-batch.
 """

@@ -2,7 +2,7 @@
 
 A spec is one of:
 * ``embedded:tiny-qwen2`` (the default) and the other embedded models: shipped with the package, checked against
-  their manifest (:mod:`mmrl.models.shipped`; their recipes: :mod:`mmrl.models.embedded`);
+  their manifest (:mod:`mmrl.models.shipped`; their recipes: :mod:`mmrl.models.recipes.embedded`);
 * a local directory or a Hugging Face hub id (``Qwen/Qwen2.5-Math-1.5B``; hub ids need network or a local HF cache);
 * a ``.gguf`` file, or a directory holding exactly one; transformers de-quantises it to float weights once, into the
   shared cache (`mmrl.models.gguf_cache`), and later loads read that copy;
@@ -23,9 +23,8 @@ import torch
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.errors import UserError
 from mmrl.hub import locate_path_or_hub_id
-from mmrl.models.embedded import BUILD_RECORD
 from mmrl.models.gguf_cache import dequantised_copy
-from mmrl.models.shipped import shipped_model
+from mmrl.models.shipped import BUILD_RECORD, shipped_model
 from mmrl.vision.processor import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionProcessor
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -34,7 +33,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 def is_embedded(spec: str) -> bool:
     """True for the embedded models: pre-trained on the bundled tasks' default prompts, so tasks keep those for them.
     That is an ``embedded:`` name (shipped with the package) or a folder built by one of their recipes
-    (``python -m mmrl.models.build``, which writes its build record there)."""
+    (``python -m mmrl.models.recipes.build``, which writes its build record there)."""
     if spec == "embedded" or spec.startswith("embedded:"):
         return True
     return (Path(os.path.expanduser(spec)) / BUILD_RECORD).is_file()

@@ -5,7 +5,7 @@ recipe and the command that built it, the build's torch / transformers versions 
 skill with the command that measured it. `shipped_model` is how an ``embedded:`` name becomes a folder: it checks
 the folder's files against the manifest once per process (a few MB: milliseconds), so a file changed or cut short on
 disk is one clear error instead of a silently different model. Nothing is built at run time; a model is added or
-replaced with ``python -m mmrl.models.ship`` (`mmrl.models.ship`).
+replaced with ``python -m mmrl.models.recipes.ship`` (`mmrl.models.recipes.ship`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from mmrl.files import file_sha256
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 MANIFEST_NAME = "manifest.json"
+# A built model's record of how it was built (the recipe, its steps, the kernels, the library versions): the file
+# that marks a folder as an embedded model's build (`mmrl.models.loading.is_embedded`).
+BUILD_RECORD = "build.json"
 
 _checked: dict[tuple[Path, str], Path] = {}  # (weights folder, name) -> model folder whose files matched
 

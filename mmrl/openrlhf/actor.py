@@ -43,6 +43,7 @@ from mmrl.openrlhf.grouping import (
     whole_group_micro_batches,
 )
 from mmrl.openrlhf.loss import MicroBatch, MmrlPolicyLoss
+from mmrl.openrlhf.spec import ActorSpec
 
 
 def _device() -> torch.device | int:
@@ -86,8 +87,8 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
     algo: algos.Algorithm
     actor_loss_fn: MmrlPolicyLoss
 
-    def setup_mmrl(self, spec: dict[str, Any]) -> None:
-        self.algo = algos.get(spec["algo"], **spec["params"])
+    def setup_mmrl(self, spec: ActorSpec) -> None:
+        self.algo = algos.get(spec.algo, **spec.params)
         self.actor_loss_fn = MmrlPolicyLoss(self.algo)
         self.mmrl_epoch_seed = int(self.args.train.seed)
 
@@ -164,7 +165,7 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
         return out
 
 
-def adopt(trainer: ActorPPOTrainer, spec: dict[str, Any]) -> MmrlActorPPOTrainer:
+def adopt(trainer: ActorPPOTrainer, spec: ActorSpec) -> MmrlActorPPOTrainer:
     """Turn the ``ActorPPOTrainer`` OpenRLHF built into mmrl's (same state, mmrl's loss and loop)."""
     if type(trainer) is not ActorPPOTrainer:
         raise TypeError(f"expected OpenRLHF's ActorPPOTrainer, got {type(trainer).__name__}")

@@ -27,10 +27,10 @@ from typing import Any
 from mmrl.algos import Algorithm
 from mmrl.errors import UserError
 from mmrl.models.lora import parse_targets
-from mmrl.trainer.config import TrainConfig
-from mmrl.trainer.loggers import OPENRLHF_WANDB_KEY, openrlhf_flags
-from mmrl.trainer.masking import MASK, MASKED_URL, SECRET_ENV, is_secret, mask_urls
-from mmrl.trainer.schedule import transformers_name
+from mmrl.run.config import TrainConfig
+from mmrl.run.loggers import OPENRLHF_WANDB_KEY, openrlhf_flags
+from mmrl.run.masking import MASK, MASKED_URL, SECRET_ENV, is_secret, mask_urls
+from mmrl.run.schedule import transformers_name
 
 # mmrl options the openrlhf backend cannot honour yet: refused at start rather than silently ignored.
 UNSUPPORTED = {

@@ -13,7 +13,7 @@ oldest first, whatever they are, a user's own folder there included. What else a
 
 GVPO's replay store (:mod:`mmrl.openrlhf.replay`) is saved with each policy checkpoint, in the tag's own folder
 (``_actor/<tag>/mmrl_replay/``), so that the rotation of old tags removes it with them. It is the local
-trainer's checkpoint format (`mmrl.trainer.checkpoint`: ``state.json``, ``tensors.safetensors``, ``SHA256SUMS``),
+trainer's checkpoint format (`mmrl.run.checkpoint`: ``state.json``, ``tensors.safetensors``, ``SHA256SUMS``),
 written into a temporary folder and renamed into place: a kill midway leaves no store, never half of one.
 """
 
@@ -34,7 +34,7 @@ import torch
 
 from mmrl.errors import UserError
 from mmrl.files import is_file_entry, remove_named_files, remove_owned
-from mmrl.trainer.checkpoint import (
+from mmrl.run.checkpoint import (
     PARTIAL_PREFIX,
     install,
     is_partial_write,

@@ -139,9 +139,9 @@ def run(args, ray_address: str = "", rehearsal_mode: bool = False,
 
     needed = rehearsal.devices(args)
     # rollout.env_workers: the agent executor inside the rollout engines reads it from their environment
-    workers = int(args.mmrl.get("env_workers", 0))
+    workers = args.mmrl.env_workers
     job_env = {"MMRL_ENV_WORKERS": str(workers)} if workers else {}
-    # run.wandb: OpenRLHF's W&B logger reads these in its trainer actor (see mmrl.trainer.loggers.openrlhf_flags)
+    # run.wandb: OpenRLHF's W&B logger reads these in its trainer actor (see mmrl.run.loggers.openrlhf_flags)
     job_env.update({k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR") if k in os.environ})
     started = start_ray(ray_address, needed if rehearsal_mode else 0, job_env, dashboard)
     try:
@@ -165,8 +165,8 @@ def run(args, ray_address: str = "", rehearsal_mode: bool = False,
         trainer = MmrlPPOTrainerRayActor.remote(
             args.actor.model_name_or_path, strategy, actors, None, None, reference, engines, do_sample=True,
             max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
-            temperature=args.rollout.temperature, top_p=args.rollout.top_p, top_k=rollout_top_k(args.mmrl),
-            repetition_penalty=float(args.mmrl.get("repetition_penalty", 1.0)))
+            temperature=args.rollout.temperature, top_p=args.rollout.top_p, top_k=rollout_top_k(args.mmrl.top_k),
+            repetition_penalty=args.mmrl.repetition_penalty)
         for where in ray.get(actors.async_run_method("describe")):
             log.info("policy rank %(rank)d/%(world_size)d on %(node)s GPUs %(gpu_ids)s (%(class)s)", where)
         max_steps = ray.get(trainer.get_max_steps.remote())

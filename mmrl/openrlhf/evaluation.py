@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmrl.trainer.eval_sets import EvalSet
-from mmrl.trainer.evaluate import pass_at_k
+from mmrl.run.eval_sets import EvalSet
+from mmrl.run.scoring import pass_at_k
 
 CORRECT_KEYS = {False: "mmrl/accuracy", True: "won"}  # by task.multi_turn: what the reward / agent logs per response
 
@@ -24,9 +24,9 @@ def set_spec(s: EvalSet, file: str, max_new_tokens: int) -> dict[str, Any]:
             "correct_key": CORRECT_KEYS[s.task.multi_turn]}
 
 
-def rollout_top_k(spec: dict[str, Any]) -> int:
+def rollout_top_k(top_k: int) -> int:
     """``rollout.top_k`` as vLLM's ``SamplingParams.top_k`` (-1 = off; mmrl's 0 = off)."""
-    return int(spec.get("top_k", 0)) or -1
+    return top_k or -1
 
 
 def set_generate_kwargs(spec: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:

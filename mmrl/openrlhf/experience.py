@@ -37,6 +37,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 import mmrl.algos as algos
 from mmrl.batch import TurnStep
 from mmrl.openrlhf.grouping import GROUP_KEY, ROW_STATS_PREFIX, STATS_PREFIX, STEP_KEY, rank_shares, rollout_group_ids
+from mmrl.openrlhf.spec import ActorSpec
 
 
 def padded_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -47,10 +48,7 @@ def padded_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def turn_steps(steps: list[TurnStep]) -> algos.TurnSteps:
     """The turn layout's per-row facts (episode, step, step reward, anchor state), row-aligned."""
-    return algos.TurnSteps(torch.tensor([s.episode for s in steps]), torch.tensor([s.index for s in steps]),
-                           torch.tensor([s.reward for s in steps], dtype=torch.float32),
-                           tuple(s.anchor for s in steps),
-                           torch.tensor([s.penalty for s in steps], dtype=torch.float32))
+    return algos.TurnSteps.of(steps)
 
 
 def whole_batch_advantages(algo: algos.Algorithm, experiences: list, steps: algos.TurnSteps | None = None
@@ -61,13 +59,7 @@ def whole_batch_advantages(algo: algos.Algorithm, experiences: list, steps: algo
     group_ids = torch.cat([e.info[GROUP_KEY].reshape(-1) for e in experiences]).long()
     old_logprobs = padded_cat([e.action_log_probs.float() for e in experiences])
     mask = padded_cat([e.action_mask.float() for e in experiences])
-    if steps is not None:
-        advantages = algo.turn_advantages(rewards, group_ids, steps)
-    else:  # DAPO's overlong shaping, when set, on the rewards the objective trains on (as the local loop)
-        rewards = algo.shaped_rewards(rewards, mask.sum(1))
-        advantages = algo.advantages(rewards, group_ids)
-    stats = algo.batch_stats(rewards, group_ids, advantages, old_logprobs, mask)
-    return advantages, stats
+    return algo.advantages_and_stats(rewards, group_ids, old_logprobs, mask, steps)
 
 
 class MmrlExperienceMaker(RemoteExperienceMaker):
@@ -75,10 +67,10 @@ class MmrlExperienceMaker(RemoteExperienceMaker):
 
     replay = None  # GVPO's historical replay (mmrl.openrlhf.replay.SampleReplay): told each step's π_old
 
-    def __init__(self, *args, mmrl_spec: dict[str, Any], **kwargs) -> None:
+    def __init__(self, *args, mmrl_spec: ActorSpec, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.algo = algos.get(mmrl_spec["algo"], **mmrl_spec["params"])
-        self.group_size = int(mmrl_spec["samples_per_prompt"])
+        self.algo = algos.get(mmrl_spec.algo, **mmrl_spec.params)
+        self.group_size = mmrl_spec.samples_per_prompt
         self.turn_steps: algos.TurnSteps | None = None  # the turn layout: the current step's row facts
 
     def split_rollout_samples(self, rollout_samples):

@@ -1,10 +1,11 @@
 """``python -m mmrl.train --backend openrlhf``: resolve the run, print it (``--dry-run``) or start it on Ray.
 
-Resolution happens on the driver and fails at start with one line: the mmrl config is validated, the objective built,
-the batch layout checked against the GPUs, the task's splits exported as OpenRLHF prompt files, and the OpenRLHF
-arguments parsed by OpenRLHF's own parser. Only then does :func:`mmrl.openrlhf.driver.run` start Ray.
+Resolution happens on the driver and fails at start with one line: the mmrl config is validated, its task, evaluation
+sets and objective built as the local backend builds them (`mmrl.run.build.resolve_run`), the batch layout checked
+against the GPUs, the task's splits exported as OpenRLHF prompt files, and the OpenRLHF arguments parsed by OpenRLHF's
+own parser. Only then does :func:`mmrl.openrlhf.driver.run` start Ray.
 
-The run directory is claimed as the local trainer claims its own (mmrl.trainer.run_dir): locked for the driver's
+The run directory is claimed as the local trainer claims its own (mmrl.run.run_dir): locked for the driver's
 lifetime, a foreign folder refused, a resume that changes what is trained refused, and what the run writes recorded,
 so that ``--run.overwrite`` removes only that. A launch refused at start leaves no new file or folder behind.
 """
@@ -46,12 +47,12 @@ from mmrl.openrlhf.rehearsal import gpu_note as rehearsal_gpu_note
 from mmrl.openrlhf.rehearsal import remove_logs as remove_rehearsal_logs
 from mmrl.openrlhf.replay import check_replay_flags, check_resumed_store
 from mmrl.openrlhf.reward import reward_file_text
-from mmrl.trainer.build import build_algorithm, build_task
-from mmrl.trainer.config import TrainConfig, validate
-from mmrl.trainer.eval_sets import build_eval_sets
-from mmrl.trainer.loggers import WANDB_DIR, remove_event_files, remove_wandb_files, wandb_mode
-from mmrl.trainer.masking import MASKED_URL, mask_urls
-from mmrl.trainer.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, claim, inspect
+from mmrl.openrlhf.spec import ActorSpec
+from mmrl.run.build import resolve_run
+from mmrl.run.config import TrainConfig
+from mmrl.run.loggers import WANDB_DIR, remove_event_files, remove_wandb_files, wandb_mode
+from mmrl.run.masking import MASKED_URL, mask_urls
+from mmrl.run.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, claim, inspect
 
 log = logging.getLogger("mmrl.openrlhf")
 
@@ -59,7 +60,7 @@ AGENT_MODULES = {"alfworld": "mmrl.envs.adapters.openrlhf_agent"}  # multi-turn 
 TURN_AGENT_MODULE = "mmrl.openrlhf.turn_agent"  # rollout.agent_layout turn: every env step its own row
 FILES_DIR = "openrlhf"  # the prompt files and reward_func file, under the run directory
 PROMPT_FILES = re.compile(r"(train|eval|eval_[A-Za-z0-9_-]+)\.jsonl|reward_func\.py")  # its files (resolve_launch)
-TENSORBOARD_DIR = "tensorboard"  # OpenRLHF's event files (mmrl.trainer.loggers.openrlhf_flags)
+TENSORBOARD_DIR = "tensorboard"  # OpenRLHF's event files (mmrl.run.loggers.openrlhf_flags)
 MODEL_DIR = "model"  # the final model, saved by OpenRLHF (args.ckpt.output_dir)
 ACTOR_CHECKPOINTS = "checkpoints/_actor"  # OpenRLHF's DeepSpeed checkpoints of the policy (args.ckpt.path/_actor)
 
@@ -106,7 +107,7 @@ class Launch:
     """A resolved run: the OpenRLHF argument list and namespace, and what mmrl's actors need beside it."""
 
     argv: list[str]
-    args: Any  # OpenRLHF's hierarchical namespace, with ``args.mmrl`` added
+    args: Any  # OpenRLHF's hierarchical namespace, with ``args.mmrl`` (an `ActorSpec`) added
     notes: list[str]  # warnings OpenRLHF printed while checking the arguments
     files: dict[str, str]  # generated files (written by write_files, unless dry run)
     write_files: Callable[[], None] = lambda: None  # writes ``files``
@@ -115,8 +116,9 @@ class Launch:
 
 def algorithm_spec(cfg: TrainConfig, algo: algos.Algorithm) -> dict[str, Any]:
     """What every Ray actor needs to rebuild mmrl's objective ``algo`` (built on the driver by
-    `mmrl.trainer.build.build_algorithm`, as the local trainer builds it): its name and every resolved hyper-parameter,
-    so that ``algos.get(spec["algo"], **spec["params"])`` is the same objective, constant normaliser included."""
+    `mmrl.run.build.build_algorithm`, as the local trainer builds it): its name and every resolved hyper-parameter,
+    so that ``algos.get(spec.algo, **spec.params)`` is the same objective, constant normaliser included (the
+    objective's fields of `ActorSpec`)."""
     return {"algo": algo.name, "params": dataclasses.asdict(algo), "samples_per_prompt": cfg.rollout.samples_per_prompt,
             "uses_reference": algo.uses_reference(), "kl_coef": algo.reference_kl_coef(),
             "entropy_coef": algo.entropy_coef,
@@ -234,14 +236,12 @@ def vision_annotator(model: str):
 
 def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     """Everything up to starting Ray. ``write=False`` (dry run) writes no file."""
-    validate(cfg)
-    task = build_task(cfg)
-    algo = build_algorithm(cfg, task.multi_turn)  # a bad name or hyper-parameter fails here, on the driver
+    run = resolve_run(cfg)  # a bad name or hyper-parameter fails here, on the driver
+    task, eval_sets, algo = run.task, run.eval_sets, run.algo
     spec = algorithm_spec(cfg, algo)
     check_layout(cfg, algo)
     out = cfg.out_dir.resolve()
     files_dir = out / FILES_DIR
-    eval_sets = build_eval_sets(cfg, task)
     files = {"train": str(files_dir / "train.jsonl"), "eval": str(files_dir / "eval.jsonl") if task.eval else "",
              "reward_func": str(files_dir / "reward_func.py")}
     for s in eval_sets:  # each set from its own file (the first also makes OpenRLHF schedule evaluations)
@@ -296,10 +296,10 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
 
     if write:
         write_files()
-    spec["top_k"] = cfg.rollout.top_k  # the rollout's; evaluations sample without (mmrl.openrlhf.evaluation)
-    spec["repetition_penalty"] = cfg.rollout.repetition_penalty  # the rollout's; each evaluation set has its own
-    spec["eval_sets"] = [set_spec(s, files[f"eval_{s.name}"], s.max_new_tokens(cfg)) for s in eval_sets]
-    args.mmrl = {**spec, **run_spec(cfg, out)}
+    # top_k and repetition_penalty: the rollout's; evaluations sample without them (mmrl.openrlhf.evaluation)
+    args.mmrl = ActorSpec(**spec, top_k=cfg.rollout.top_k, repetition_penalty=cfg.rollout.repetition_penalty,
+                          eval_sets=tuple(set_spec(s, files[f"eval_{s.name}"], s.max_new_tokens(cfg))
+                                          for s in eval_sets), **run_spec(cfg, out))
     return Launch(argv, args, notes, files, write_files, checks)
 
 
@@ -329,7 +329,7 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
     lines = [
         "OpenRLHF 0.11.x launch (mmrl backend: Ray actor groups, vLLM engines and DeepSpeed are OpenRLHF's; the policy "
         "actor, PPO trainer, experience maker and loss are mmrl.openrlhf's subclasses)",
-        f"objective: {spec['algo']} {json.dumps(spec['params'])}",
+        f"objective: {spec.algo} {json.dumps(spec.params)}",
         f"task: {cfg.task.name} {json.dumps(cfg.task.options)}",
         f"rollout sampling: temperature {cfg.rollout.temperature}, top_p {cfg.rollout.top_p}, "
         f"top_k {cfg.rollout.top_k or 'off'}, repetition_penalty {cfg.rollout.repetition_penalty}",
@@ -340,7 +340,7 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
         "    " + command_line(mask_argv(launch.argv)),
         "files: " + ", ".join(f"{k}={v}" for k, v in launch.files.items() if v),
     ]
-    for s in spec.get("eval_sets", []):
+    for s in spec.eval_sets:
         sampling = "greedy" if s["temperature"] == 0 else f"temperature {s['temperature']}, top_p {s['top_p']}"
         if s.get("repetition_penalty", 1.0) != 1.0:
             sampling += f", repetition_penalty {s['repetition_penalty']}"
@@ -369,7 +369,7 @@ def launch(cfg: TrainConfig, dry_run: bool = False) -> int:
 
 def _start(cfg: TrainConfig, resolved: Launch) -> None:
     out = cfg.out_dir.resolve()
-    if cfg.run.wandb:  # OpenRLHF's W&B logger reads these in its Ray actors (see mmrl.trainer.loggers.openrlhf_flags)
+    if cfg.run.wandb:  # OpenRLHF's W&B logger reads these in its Ray actors (see mmrl.run.loggers.openrlhf_flags)
         os.environ["WANDB_MODE"] = wandb_mode()
         os.environ.setdefault("WANDB_DIR", str(out))
     if not cfg.cluster.ray_address:  # before the driver imports Ray: the Ray it starts listens on loopback only

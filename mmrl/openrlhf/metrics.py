@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mmrl.trainer.metrics import MetricsLog
+from mmrl.run.metrics import MetricsLog
 
 HEADLINE = {"loss": "policy_loss", "reward": "rollout/reward_mean"}
 

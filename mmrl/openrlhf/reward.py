@@ -49,8 +49,8 @@ def completion_text(query: str, prompt: str, special_tokens: Sequence[str] = ())
 
 
 def _build_reward(spec: dict[str, Any]):
-    from mmrl.trainer.build import build_task
-    from mmrl.trainer.config import TrainConfig, apply_overrides
+    from mmrl.run.build import build_task
+    from mmrl.run.config import TrainConfig, apply_overrides
 
     cfg = TrainConfig()
     apply_overrides(cfg, {"task": {"name": spec["task"], **spec.get("options", {}),

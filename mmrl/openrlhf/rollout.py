@@ -194,7 +194,7 @@ def create_rollout_actors(args, shared_pg, run_dir: str) -> list:
     if not shared:
         shared_pg = placement_group([{"GPU": 1, "CPU": 1} for _ in range(args.vllm.num_engines)], strategy="PACK")
     fraction = SHARED_GPU_FRACTION if shared else 1
-    trust = bool(args.mmrl.get("trust_remote_code", False))  # the run's model.trust_remote_code
+    trust = args.mmrl.trust_remote_code  # the run's model.trust_remote_code
     mm_pad: set = set()
     if args.data.max_images_per_prompt > 0:
         from transformers import AutoProcessor

@@ -2,7 +2,7 @@
 
 Changes happen before DeepSpeed builds the optimizer, which is the only point where they are cheap and exact:
 
-* dropout and router jitter off (``mmrl.trainer.build.disable_dropout``, as the local trainer): π_old, computed by the
+* dropout and router jitter off (``mmrl.run.build.disable_dropout``, as the local trainer): π_old, computed by the
   actor's eval-mode forward, and the training forward must be the same function at the first update;
 * ``moe.freeze_router``: the routers' weights get ``requires_grad = False``, so ``get_optimizer_grouped_parameters``
   leaves them out of DeepSpeed's optimizer (no update, no optimizer state, no ZeRO partition for them);
@@ -38,6 +38,7 @@ from mmrl import moe
 from mmrl.errors import UserError
 from mmrl.openrlhf.checkpoint import checkpoint_folder, rotate_tags, weights_only_loading
 from mmrl.openrlhf.network import bound_listener
+from mmrl.openrlhf.spec import ActorSpec
 
 # torch's contract for a store someone else hosts: with it, the env:// rendezvous at MASTER_ADDR:MASTER_PORT makes
 # every rank a client instead of starting a server on rank 0
@@ -48,7 +49,7 @@ HOSTED: list[tuple[Any, Any]] = []
 
 def prepare_policy(model: torch.nn.Module, freeze_router: bool) -> None:
     """In place: dropout off; routers frozen when asked (a dense model with ``freeze_router`` is an error)."""
-    from mmrl.trainer.build import disable_dropout
+    from mmrl.run.build import disable_dropout
 
     disable_dropout(model)
     if freeze_router:
@@ -90,8 +91,8 @@ class MmrlDeepspeedStrategy(DeepspeedStrategy):
         super().setup_distributed(timeout)
 
     def _ds_init_train_model(self, model, cfg: dict):
-        spec = getattr(self.args, "mmrl", None) or {}
-        prepare_policy(model.model if isinstance(model, Actor) else model, bool(spec.get("freeze_router")))
+        spec: ActorSpec | None = getattr(self.args, "mmrl", None)  # None: a strategy built outside mmrl's launch
+        prepare_policy(model.model if isinstance(model, Actor) else model, spec is not None and spec.freeze_router)
         return super()._ds_init_train_model(model, cfg)
 
     def save_ckpt(self, model, save_dir, tag=None, max_num=3, max_mem=1000, client_state=None, save_latest=True,

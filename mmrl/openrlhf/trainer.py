@@ -40,16 +40,16 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
                                                     reference_model_group, self.kl_ctl, strategy, self.tokenizer,
                                                     mmrl_spec=spec)
         # always mmrl's generator: it stops at run.steps; it resamples only when the objective has a rule
-        rule = algos.get(spec["algo"], **spec["params"]).resampling()
-        replayed = int(spec.get("replay_historical", 0))
-        replay = SampleReplay(spec["samples_per_prompt"], replayed) if replayed else None
+        rule = algos.get(spec.algo, **spec.params).resampling()
+        replayed = spec.replay_historical
+        replay = SampleReplay(spec.samples_per_prompt, replayed) if replayed else None
         self.experience_maker.replay = replay
         self.samples_generator = MmrlSamplesGenerator(
             strategy=strategy, prompts_dataloader=self.prompts_dataloader, eval_dataloader=self.eval_dataloader,
-            tokenizer=self.tokenizer, vllm_engines=vllm_engines, group_size=spec["samples_per_prompt"],
-            valid_threshold=rule.valid_fraction, max_resample=rule.max_rounds, max_steps=int(spec.get("steps", 0)),
+            tokenizer=self.tokenizer, vllm_engines=vllm_engines, group_size=spec.samples_per_prompt,
+            valid_threshold=rule.valid_fraction, max_resample=rule.max_rounds, max_steps=spec.steps,
             replay=replay)
-        self.metrics = StepMetrics(spec["metrics_path"], resume=bool(spec.get("resume")))
+        self.metrics = StepMetrics(spec.metrics_path, resume=spec.resume)
         self._eval_set_loaders: dict[str, object] = {}
 
     def get_max_steps(self) -> int:
@@ -57,7 +57,7 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
         (`mmrl.openrlhf.args.optimizer_steps`), not OpenRLHF's count of the prompt set's, which is longer whenever
         the prompts cover more than ``run.steps`` (GPG's resampling reserve, whole episodes): a linear or cosine
         schedule would then stop short of its end."""
-        return int(self.strategy.args.mmrl["optimizer_steps"])
+        return self.strategy.args.mmrl.optimizer_steps
 
     def _compute_rollout_stats(self, experiences):
         """OpenRLHF's rollout statistics, and the replay's of this step (``replay/*``) when GVPO replays."""
@@ -134,7 +134,7 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
     def evaluate(self, global_step, **generate_kwargs):
         """``evaluation.sets``: every set generated from its own file with its own sampling, logged as
         ``eval/<set>/<metric>`` and ``eval/average``; without sets, OpenRLHF's own evaluation."""
-        specs = self.strategy.args.mmrl.get("eval_sets") or []
+        specs = self.strategy.args.mmrl.eval_sets
         logs = (self._evaluate_sets(global_step, specs, generate_kwargs) if specs
                 else super().evaluate(global_step, **generate_kwargs))
         self.metrics.write_eval(global_step, logs)

@@ -8,7 +8,7 @@ sequence (env tokens masked), this executor plays the episode as the local backe
 
 * the env runs in its self-contained observation mode (the label's ``env`` holds ``EnvTask.turn_env_kwargs``), so
   every observation is the task, the last turns and the current state (verl-agent's window prompt);
-* each turn's prompt is that observation rendered by :class:`~mmrl.trainer.episodes.TurnRenderer` (the local
+* each turn's prompt is that observation rendered by :class:`~mmrl.run.prompts.TurnRenderer` (the local
   backend's renderer: the tokenizer's own chat template, the task's system prompt) and its response is the model's
   action, stepped into the env as the text decoded without special tokens;
 * a turn that does not fit ``max_length`` (prompt + turn) ends the episode truncated, trained with the return so far;
@@ -34,7 +34,7 @@ from mmrl.batch import TurnStep
 from mmrl.envs.adapters.openrlhf_agent import _in_thread, make_env, parse_label
 from mmrl.envs.base import EnvError
 from mmrl.envs.pool import EnvPool
-from mmrl.trainer.episodes import TurnRenderer
+from mmrl.run.prompts import TurnRenderer
 
 TURNS_KEY = "mmrl_turns"  # the episode response's turns, each a response dict with its TurnStep under STEP_FIELD
 STEP_FIELD = "mmrl_step"

@@ -11,11 +11,9 @@ Reward = ``geoqa_accuracy`` on the last ``\\boxed{}`` (math-verify, exact-match 
 
 from __future__ import annotations
 
-from mmrl.errors import UserError
-from mmrl.rewards.base import get_reward, weighted
 from mmrl.tasks.base import Task, register_task
-from mmrl.tasks.geoqa import FILE_OPTIONS, load_geometry
-from mmrl.tasks.vision_data import IMAGE_TASK_DEFAULTS, refuse_file_options
+from mmrl.tasks.geoqa import geometry_task
+from mmrl.tasks.vision_data import IMAGE_TASK_DEFAULTS
 
 BOXED_TEMPLATE = "{problem} You FIRST think about the reasoning process as an internal monologue and then provide " \
                  "the final answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final " \
@@ -27,16 +25,4 @@ def geometry3k_task(path: str = "", eval_path: str = "", image_key: str = "image
                     answer_key: str = "answer", template: str = BOXED_TEMPLATE, format_weight: float = 0.1,
                     system_prompt: str = "", eval_fraction: float = 0.1, max_samples: int = 0, n_samples: int = 1200,
                     seed: int = 0, allow_outside_images: bool = False) -> Task:
-    if n_samples < 10:
-        raise UserError(f"task.n_samples must be >= 10, got {n_samples}")
-    if not path:
-        refuse_file_options(geometry3k_task, locals(), FILE_OPTIONS)
-    options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, template=template,
-                   system_prompt=system_prompt or None)
-    train, evals, source = load_geometry(path, eval_path, eval_fraction=eval_fraction, max_samples=max_samples,
-                                         seed=seed, n_samples=n_samples, layout="geometry3k", options=options,
-                                         allow_outside_images=allow_outside_images)
-    parts = [(get_reward("geoqa_accuracy"), 1.0), (get_reward("think_boxed_format"), format_weight)]
-    return Task("geometry3k", train=train, eval=evals, reward=weighted(parts, "geometry3k"),
-                accuracy_key="geoqa_accuracy", format_key="think_boxed_format",
-                description=f"{len(train)} train / {len(evals)} eval problems from {source}")
+    return geometry_task(geometry3k_task, locals(), "think_boxed_format")

@@ -139,21 +139,28 @@ GEOQA_DEFAULTS = {**IMAGE_TASK_DEFAULTS, "run.steps": 40, "run.eval_every": 20}
 FILE_OPTIONS = ("eval_path", "image_key", "problem_key", "answer_key", "max_samples")
 
 
+def geometry_task(factory, given: dict[str, Any], format_reward: str) -> Task:
+    """The task a geometry factory (``geoqa``, ``geometry3k``) names, from its arguments ``given``: the same loading,
+    checks and reward for both, which differ only in their layout, template and format reward."""
+    name = factory.__name__.removesuffix("_task")
+    if given["n_samples"] < 10:
+        raise UserError(f"task.n_samples must be >= 10, got {given['n_samples']}")
+    if not given["path"]:
+        refuse_file_options(factory, given, FILE_OPTIONS)
+    options = {key: given[key] for key in ("image_key", "problem_key", "answer_key", "template")}
+    options["system_prompt"] = given["system_prompt"] or None
+    train, evals, source = load_geometry(given["path"], given["eval_path"], eval_fraction=given["eval_fraction"],
+                                         max_samples=given["max_samples"], seed=given["seed"],
+                                         n_samples=given["n_samples"], layout=name, options=options,
+                                         allow_outside_images=given["allow_outside_images"])
+    parts = [(get_reward("geoqa_accuracy"), 1.0), (get_reward(format_reward), given["format_weight"])]
+    return Task(name, train=train, eval=evals, reward=weighted(parts, name), accuracy_key="geoqa_accuracy",
+                format_key=format_reward, description=f"{len(train)} train / {len(evals)} eval problems from {source}")
+
+
 @register_task("geoqa", config_defaults=GEOQA_DEFAULTS)
 def geoqa_task(path: str = "", eval_path: str = "", image_key: str = "image", problem_key: str = "problem",
                answer_key: str = "", template: str = R1V_TEMPLATE, format_weight: float = 1.0, system_prompt: str = "",
                eval_fraction: float = 0.1, max_samples: int = 0, n_samples: int = 2200, seed: int = 0,
                allow_outside_images: bool = False) -> Task:
-    if n_samples < 10:
-        raise UserError(f"task.n_samples must be >= 10, got {n_samples}")
-    if not path:
-        refuse_file_options(geoqa_task, locals(), FILE_OPTIONS)
-    options = dict(image_key=image_key, problem_key=problem_key, answer_key=answer_key, template=template,
-                   system_prompt=system_prompt or None)
-    train, evals, source = load_geometry(path, eval_path, eval_fraction=eval_fraction, max_samples=max_samples,
-                                         seed=seed, n_samples=n_samples, layout="geoqa", options=options,
-                                         allow_outside_images=allow_outside_images)
-    parts = [(get_reward("geoqa_accuracy"), 1.0), (get_reward("think_answer_format"), format_weight)]
-    return Task("geoqa", train=train, eval=evals, reward=weighted(parts, "geoqa"), accuracy_key="geoqa_accuracy",
-                format_key="think_answer_format",
-                description=f"{len(train)} train / {len(evals)} eval problems from {source}")
+    return geometry_task(geoqa_task, locals(), "think_answer_format")

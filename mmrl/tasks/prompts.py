@@ -1,6 +1,6 @@
 """How a text task's question becomes a chat: an optional system prompt, an optional one-shot example, the question.
 
-The trainer renders the chat through the model's own chat template (`mmrl.trainer.rollout.encode_prompt`), so the same
+The trainer renders the chat through the model's own chat template (`mmrl.run.prompts.encode_prompt`), so the same
 rows serve every model. Two audiences want different chats:
 
 * The embedded tiny models were pre-trained on the bare question (``Compute 3+4. Answer in <answer></answer> tags.``

@@ -1,4 +1,5 @@
-"""Multi-turn episodes: one episode is one response row, the layout of OpenRLHF's ``MultiTurnAgentExecutor``.
+"""Multi-turn episodes: in the episode layout one episode is one response row (OpenRLHF's ``MultiTurnAgentExecutor``);
+in the turn layout (below) every env step is a row of its own.
 
     [initial prompt: chat template of the env's first observation + assistant header]   (the Group's prompt)
     [turn 1: the model's sampled tokens, up to and including its stop token]              loss mask 1
@@ -40,65 +41,10 @@ from typing import Any
 
 from mmrl.batch import Response, TurnStep
 from mmrl.envs.base import EnvError, TextEnv
-from mmrl.errors import UserError
 from mmrl.rewards.base import RewardResult
+from mmrl.run.prompts import TurnRenderer
 from mmrl.trainer.rollout import generate
-
-_USER_SLOT, _ASSISTANT_SLOT = "\x00USER\x00", "\x00ASSISTANT\x00"
-
-
-class TurnRenderer:
-    """The chat-template pieces of an episode, derived once from the tokenizer's own template.
-
-    ``prompt_ids(first_observation)`` is the chat-templated first user turn with the generation prompt.
-    ``feedback_ids(observation, closed)`` is what follows a model turn: the rest of the template's end-of-turn (after
-    the stop token the model emitted, when ``closed``), the observation as a user turn, and the next assistant header.
-    Derived by rendering a placeholder conversation, so any ChatML-like template works (Qwen, SmolLM2, ...); a
-    template that re-renders earlier turns differently (e.g. strips reasoning) does not matter, since the sequence is
-    built from tokens, never re-rendered.
-    """
-
-    def __init__(self, tokenizer, system_prompt: str | None = None):
-        self.tokenizer = tokenizer
-        self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        if not getattr(tokenizer, "chat_template", None):
-            raise UserError("multi-turn tasks need a tokenizer with a chat template")
-        base = self.system + [{"role": "user", "content": "u"}, {"role": "assistant", "content": _ASSISTANT_SLOT}]
-        closed = self._render(base, generation_prompt=False)
-        extended = self._render(base + [{"role": "user", "content": _USER_SLOT}], generation_prompt=True)
-        if not extended.startswith(closed) or _USER_SLOT not in extended[len(closed):]:
-            raise UserError("the tokenizer's chat template does not render a conversation as a prefix of its "
-                             "continuation; multi-turn episodes need one that does")
-        end_of_turn = closed[closed.index(_ASSISTANT_SLOT) + len(_ASSISTANT_SLOT):]
-        before, _, after = extended[len(closed):].partition(_USER_SLOT)
-        self.end_of_turn = end_of_turn  # e.g. "<|im_end|>\n"
-        self.before_observation, self.after_observation = before, after
-
-    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def prompt_ids(self, first_observation: str) -> list[int]:
-        return self.encode(self._render(self.system + [{"role": "user", "content": first_observation}], True))
-
-    def feedback_ids(self, observation: str, stop_text: str | None) -> list[int]:
-        """Tokens after a model turn. ``stop_text``: the decoded stop token the turn ended with (None: cut short)."""
-        tail = self.end_of_turn
-        if stop_text and tail.startswith(stop_text):
-            tail = tail[len(stop_text):]  # the model already closed its turn with the template's own stop token
-        return self.encode(tail + self.before_observation + observation + self.after_observation)
-
-
-@dataclasses.dataclass
-class Turn:
-    """One model turn: its tokens (with the stop token when it stopped), text, and the sampler's log-probs."""
-
-    token_ids: list[int]
-    text: str
-    stopped: bool  # ended with a stop token (False: cut at the per-turn budget)
-    logprobs: list[float] | None = None
+from mmrl.trainer.turn_sampler import CachedTurnSampler, Turn
 
 
 @dataclasses.dataclass
@@ -209,8 +155,6 @@ def model_policy(model, tokenizer, max_new_tokens: int, temperature: float, top_
     from mmrl.trainer.rollout import eos_ids
 
     if kv_cache:
-        from mmrl.trainer.turn_sampler import CachedTurnSampler
-
         return CachedTurnSampler(model, tokenizer, max_new_tokens, temperature, top_p, batch_size, with_logprobs)
 
     stop = set(eos_ids(tokenizer, model))

@@ -14,7 +14,6 @@ change the run's random stream (a resumed run stays bit-identical).
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Any
 
@@ -22,15 +21,11 @@ import torch
 from tqdm import tqdm
 
 from mmrl.batch import Group
+from mmrl.run.prompts import TurnRenderer, encode_prompt
+from mmrl.run.scoring import pass_at_k
 from mmrl.tasks.base import EnvTask, Task
-from mmrl.trainer.episodes import Episode, TurnRenderer, episode_metrics, model_policy, run_episodes
-from mmrl.trainer.rollout import encode_prompt, generate, score_groups
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+from mmrl.trainer.episodes import Episode, episode_metrics, model_policy, run_episodes
+from mmrl.trainer.rollout import generate, score_groups
 
 
 def evaluate(model, tokenizer, task: Task, **kwargs: Any) -> dict[str, Any]:

@@ -19,31 +19,9 @@ from mmrl import moe
 from mmrl.batch import Group, Response, RolloutBatch
 from mmrl.errors import UserError
 from mmrl.rewards.base import Reward
+from mmrl.run.config import SAMPLERS
 from mmrl.trainer.logprobs import token_logprobs
-from mmrl.trainer.text_sampler import SAMPLERS, sample_texts
-
-# A prompt longer than this many characters per allowed token is first measured on that prefix: the prefix's token
-# count, less a few tokens for the word cut at its end, is a lower bound of the whole prompt's.
-PREFIX_CHARS_PER_TOKEN = 64
-PREFIX_SLACK_TOKENS = 8
-
-
-def encode_prompt(tokenizer, messages: list[dict], max_prompt_tokens: int) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:  # a base model without a chat template: plain concatenation
-        text = "\n".join(m["content"] for m in messages) + "\n"
-    cut = PREFIX_CHARS_PER_TOKEN * (max_prompt_tokens + 1)
-    if len(text) > cut:  # a huge prompt (a 10 MB row): its prefix alone proves it too long, in milliseconds
-        head = len(tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
-        if head > max_prompt_tokens + PREFIX_SLACK_TOKENS:
-            raise UserError(f"rollout.max_prompt_tokens: a prompt has more than {head - PREFIX_SLACK_TOKENS} tokens "
-                             f"({len(text)} characters), more than {max_prompt_tokens}")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) > max_prompt_tokens:
-        raise UserError(f"rollout.max_prompt_tokens: a prompt has {len(ids)} tokens, more than {max_prompt_tokens}")
-    return ids
-
+from mmrl.trainer.text_sampler import sample_texts
 
 # Neutral values for every logits processor a checkpoint's generation_config could switch on.
 NEUTRAL_SAMPLING = {"top_k": 0, "min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,

@@ -30,10 +30,12 @@ from tqdm import tqdm
 
 from mmrl.batch import Group, collate
 from mmrl.errors import UserError
+from mmrl.run.config import TrainConfig
+from mmrl.run.prompts import TurnRenderer
 from mmrl.tasks.base import EnvTask
-from mmrl.trainer.config import TrainConfig
-from mmrl.trainer.episodes import Episode, Turn, TurnRenderer, run_episodes
+from mmrl.trainer.episodes import Episode, run_episodes
 from mmrl.trainer.rollout import ROW_BY_ROW_MIN_WIDTH, response_logprobs
+from mmrl.trainer.turn_sampler import Turn
 
 log = logging.getLogger("mmrl")
 

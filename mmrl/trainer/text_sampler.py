@@ -31,9 +31,6 @@ from collections.abc import Sequence
 
 import torch
 
-# "mmrl": this module's loop for text prompts; "hf": transformers' generate (``rollout.sampler``).
-SAMPLERS = ("mmrl", "hf")
-
 
 def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     """``logits [B, V]`` with the tokens ``seen [B, V]`` penalised: a positive logit divided by ``penalty``, any other

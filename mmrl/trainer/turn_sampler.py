@@ -34,6 +34,16 @@ from mmrl.trainer.text_sampler import cache_keyword, draw_tokens
 
 
 @dataclasses.dataclass
+class Turn:
+    """One model turn: its tokens (with the stop token when it stopped), text, and the sampler's log-probs."""
+
+    token_ids: list[int]
+    text: str
+    stopped: bool  # ended with a stop token (False: cut at the per-turn budget)
+    logprobs: list[float] | None = None
+
+
+@dataclasses.dataclass
 class _Row:
     episode: Any  # held so that its id() stays unique while the row lives
     fed: list[int]  # the episode's context tokens whose keys and values are in the cache row
@@ -66,8 +76,6 @@ class CachedTurnSampler:
         self._groups: list[_RowGroup] = []
 
     def __call__(self, episodes: list) -> list:
-        from mmrl.trainer.episodes import Turn
-
         was_training = self.model.training
         self.model.eval()
         try:
@@ -219,8 +227,6 @@ class _RowGroup:
         return out.logits[:, -1]
 
     def sample_turn(self, sampler: CachedTurnSampler) -> list:
-        from mmrl.trainer.episodes import Turn
-
         rows = len(self.rows)
         new = []
         for row in self.rows:

@@ -14,26 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from mmrl.batch import Group, Response
-from mmrl.errors import UserError
-from mmrl.tasks.base import sample_place
-from mmrl.vision.images import has_images
 from mmrl.vision.processor import VisionProcessor, VisionPrompt
-
-
-def task_has_images(task: Any, probe: int = 32) -> bool:
-    """True when the task's rows carry images (the first ``probe`` rows of either split are looked at)."""
-    return any(has_images(row) for rows in (task.train, task.eval) for row in rows[:probe])
-
-
-def check_prompts(task: Any, processor: VisionProcessor, max_prompt_tokens: int, max_checked: int = 50_000) -> None:
-    """Fail at start, naming the row, on an unreadable image or a prompt longer than ``max_prompt_tokens``."""
-    for split, rows in (("train", task.train), ("eval", task.eval)):
-        for i, row in enumerate(rows[:max_checked]):
-            where = f"{task.name} {sample_place(row, split, i)}"
-            length = processor.prompt_length(row, where)
-            if length > max_prompt_tokens:
-                raise UserError(f"rollout.max_prompt_tokens: {where} has {length} prompt tokens (images included), "
-                                 f"more than {max_prompt_tokens}; raise it, lower model.max_pixels or filter the data")
 
 
 class PromptCache:

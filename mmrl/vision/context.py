@@ -15,7 +15,7 @@ from typing import Any
 
 from mmrl.errors import UserError
 from mmrl.vision.boxes import resized_hw
-from mmrl.vision.family import VisionFamily, detect_family
+from mmrl.vision.family import VisionFamily, load_qwen_vl
 from mmrl.vision.images import ImageError, image_entries, open_image
 
 
@@ -23,15 +23,9 @@ from mmrl.vision.images import ImageError, image_entries, open_image
 def pixel_budget(model: str) -> tuple[VisionFamily, int, int, int]:
     """(family, factor = patch · merge, min_pixels, max_pixels) of ``model``'s own image processor, the budget
     OpenRLHF's VLM path resizes with (it passes no size of its own). Cached: one config/processor read per model."""
-    from transformers import AutoConfig, AutoImageProcessor
+    from transformers import AutoImageProcessor
 
-    family = detect_family(AutoConfig.from_pretrained(model, trust_remote_code=False))  # Qwen-VL: built in
-    if family is None:
-        raise UserError(f"model: {model!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
-    try:
-        processor = AutoImageProcessor.from_pretrained(model, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"model: cannot load the image processor of {model!r}: {exc}") from exc
+    family, processor = load_qwen_vl(model, AutoImageProcessor, "image processor")  # Qwen-VL: built in
     size = getattr(processor, "size", None) or {}
     get = size.get if hasattr(size, "get") else lambda key: getattr(size, key, None)
     # transformers >= 4.52 keeps the budget in ``size`` (shortest_edge/longest_edge are pixel counts, not edges);

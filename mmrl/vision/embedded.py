@@ -1,9 +1,9 @@
 """The embedded Qwen-VL models' processors and architectures: ``embedded:tiny-qwen2.5-vl`` (the vision default) and
 ``embedded:tiny-qwen3-vl`` (the default of ``--task grounding``).
 
-The recipe that pre-trains it on the bundled data lives in `mmrl.models.embedded_vl` (the vision layer knows no
-task), with the one pre-training loop of every embedded model (`mmrl.models.pretrain`); the built models ship with the
-package (`mmrl.models.shipped`), like the text default.
+The recipe that pre-trains it on the bundled data lives in `mmrl.models.recipes.embedded_vl` (the vision layer knows no
+task), with the one pre-training loop of every embedded model (`mmrl.models.recipes.pretrain`); the built models ship
+with the package (`mmrl.models.shipped`), like the text default.
 
 * the byte-level BPE tokenizer of the text default with the Qwen-VL special tokens, one token per
   ``<think>``/``<answer>`` tag (a whole bundled answer fits the default 16-token budget) and a chat template that

@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from mmrl.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class VisionFamily:
@@ -52,3 +54,17 @@ def family_of(spec_dir: str) -> VisionFamily | None:
         return detect_family(AutoConfig.from_pretrained(spec_dir, trust_remote_code=False))
     except (OSError, ValueError):  # not loadable as a config here: the model loader reports it with one line
         return None
+
+
+def load_qwen_vl(where: str, loader: Any, what: str, trust_remote_code: bool = False) -> tuple[VisionFamily, Any]:
+    """(family, ``loader.from_pretrained(where)``) of a Qwen-VL checkpoint, checked to be one first: a text model or
+    an unloadable processor is one line naming ``where`` (``what``: the processor's name in that line)."""
+    from transformers import AutoConfig
+
+    family = detect_family(AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code))
+    if family is None:
+        raise UserError(f"model: {where!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
+    try:
+        return family, loader.from_pretrained(where, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"model: cannot load the {what} of {where!r}: {exc}") from exc

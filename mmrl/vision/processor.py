@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from mmrl.errors import UserError
-from mmrl.vision.family import VisionFamily, detect_family
+from mmrl.vision.family import VisionFamily, load_qwen_vl
 from mmrl.vision.images import image_entries, is_image_item, open_image
 from mmrl.vision.inputs import VisionInputs, VisionTokens
 
@@ -69,15 +69,9 @@ class VisionProcessor:
     @classmethod
     def from_pretrained(cls, where: str, min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS,
                         encode_once: bool = True, trust_remote_code: bool = False) -> VisionProcessor:
-        from transformers import AutoConfig, AutoProcessor
+        from transformers import AutoProcessor
 
-        family = detect_family(AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code))
-        if family is None:
-            raise UserError(f"model: {where!r} is not a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
-        try:
-            processor = AutoProcessor.from_pretrained(where, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"model: cannot load the processor of {where!r}: {exc}") from exc
+        family, processor = load_qwen_vl(where, AutoProcessor, "processor", trust_remote_code)
         return cls(processor, family, min_pixels, max_pixels, encode_once)
 
     @property

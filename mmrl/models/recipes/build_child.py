@@ -1,7 +1,8 @@
-"""The child process that builds an embedded model: ``python -m mmrl.models.build_child NAME DIRECTORY [STEPS]``.
+"""The child process that builds an embedded model:
+``python -m mmrl.models.recipes.build_child NAME DIRECTORY [STEPS]``.
 
-`mmrl.models.build` starts it with the CPU kernels pinned (``pinned_kernel_env``), because the kernels a process uses
-are chosen once, when PyTorch and MKL start: the parent cannot change its own.
+`mmrl.models.recipes.build` starts it with the CPU kernels pinned (``pinned_kernel_env``), because the kernels a
+process uses are chosen once, when PyTorch and MKL start: the parent cannot change its own.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 from mmrl.cli import run_cli
-from mmrl.models.embedded import write_embedded
+from mmrl.models.recipes.registry import write_embedded
 
 
 def _main(argv: list[str]) -> None:

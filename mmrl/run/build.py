@@ -1,15 +1,17 @@
 """The build layer: a resolved `TrainConfig` into the objects of a run, the same for both backends.
 
-config → task (with its reward; `build_task`), objective (`build_algorithm`), model and tokenizer (`load_policy`),
+config → task (with its reward; `build_task`), evaluation sets, objective (`build_algorithm`), all three resolved in
+one order by `resolve_run`; model and tokenizer (`load_policy`),
 vision processor (`load_vision`), plus the start-up checks that need them. The local backend (mmrl/trainer/local.py)
 and the OpenRLHF backend (mmrl/openrlhf/) both import this module and neither imports the other, so an objective, a
 task or a reward is built one way whatever runs it. Which model a task wants by default is the task's declaration
-(``register_task(..., config_defaults=...)``), applied when the config is resolved (`mmrl.trainer.config`).
+(``register_task(..., config_defaults=...)``), applied when the config is resolved (`mmrl.run.config`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import torch
 from tqdm import tqdm
@@ -21,12 +23,29 @@ from mmrl.models import is_embedded, load_model
 from mmrl.models.loading import load_vision_processor
 from mmrl.models.lora import LoraSettings, parse_targets
 from mmrl.rewards import RewardModelScorer, weighted
+from mmrl.run.config import TrainConfig, validate
+from mmrl.run.eval_sets import EvalSet, build_eval_sets
+from mmrl.run.prompts import TurnRenderer, check_prompts, encode_prompt, task_has_images
 from mmrl.tasks import Task, get_task
 from mmrl.tasks.base import EnvTask, options_for_model, sample_place
-from mmrl.trainer.config import TrainConfig
-from mmrl.trainer.episodes import TurnRenderer
-from mmrl.trainer.rollout import encode_prompt
-from mmrl.trainer.vision_prompts import check_prompts, task_has_images
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedRun:
+    """What a config trains and measures, before any model is loaded."""
+
+    task: Task | EnvTask  # with its reward
+    eval_sets: list[EvalSet]  # evaluation.sets; empty: run.eval_* on the task's held-out split
+    algo: algos.Algorithm  # the objective, as every backend trains it
+
+
+def resolve_run(cfg: TrainConfig) -> ResolvedRun:
+    """The config checked, then its task, evaluation sets and objective, in that order on every backend, so a config
+    with several faults is refused for the same one first whatever runs it."""
+    validate(cfg)
+    task = build_task(cfg)
+    eval_sets = build_eval_sets(cfg, task)
+    return ResolvedRun(task, eval_sets, build_algorithm(cfg, task.multi_turn))
 
 
 def build_task(cfg: TrainConfig) -> Task | EnvTask:

@@ -2,15 +2,15 @@
 
 The models ship with the package as files (`mmrl.models.shipped`: ``mmrl/models/weights/``, each checked against the
 sha256 in its manifest) and are never built at run time. The recipes below are how they were built, and
-``python -m mmrl.models.build NAME --out DIR`` (`mmrl.models.build`) runs one again.
+``python -m mmrl.models.recipes.build NAME --out DIR`` (`mmrl.models.recipes.build`) runs one again.
 
 A rebuild is a new model, not a copy of the shipped one. Pre-training a tiny model from scratch is chaotic: a matmul
 that rounds one last bit differently grows, over hundreds of steps, into a different model, and PyTorch and MKL pick
 their kernels by the CPU's instruction set and their own version. The build therefore runs in a child process whose
-x86-64 kernels are capped at AVX2 (``PINNED_KERNELS``), with one thread and fixed seeds, which makes it repeatable on
-one machine; other machines and library versions built other weights from the same recipe (with another skill), so
-the shipped files and their measured skill (in the manifest) are the reference, and `benchmarks/rebuild.py` compares
-a rebuild's skill with theirs.
+x86-64 kernels are capped at AVX2 (`mmrl.models.recipes.registry`), with one thread and fixed seeds, which makes it
+repeatable on one machine; other machines and library versions built other weights from the same recipe (with another
+skill), so the shipped files and their measured skill (in the manifest) are the reference, and `benchmarks/rebuild.py`
+compares a rebuild's skill with theirs.
 
 ``embedded:tiny-qwen2`` (the default):
 
@@ -37,29 +37,16 @@ it warm-started again on the same demonstrations in the turn layout (``rollout.a
 differ from the episode layout's.
 
 ``embedded:tiny-qwen2.5-vl`` (the default of tasks with images) and ``embedded:tiny-qwen3-vl`` (the default of
-``--task grounding``, whose ViT knows absolute positions) are built by `mmrl.models.embedded_vl`.
+``--task grounding``, whose ViT knows absolute positions) are built by `mmrl.models.recipes.embedded_vl`.
 
 Names and recipe versions live in the leaf module `mmrl.cache`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import random
-from pathlib import Path
 
 import torch
-
-from mmrl.cache import (
-    EMBEDDED_AGENT_NAME,
-    EMBEDDED_GROUNDING_NAME,
-    EMBEDDED_MOE_NAME,
-    EMBEDDED_NAME,
-    EMBEDDED_VL_NAME,
-    RECIPE_VERSIONS,
-)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
@@ -192,9 +179,9 @@ def countdown_example(rng: random.Random, _rows: list = []) -> tuple[str, str]: 
 
 
 def text_examples(tokenizer, example=arithmetic_example):
-    """``draw(rng)`` for `mmrl.models.pretrain.pretrain`: a chat prompt of ``example(rng) -> (question, answer)`` and
-    its target ``<answer>answer</answer>`` (end of turn included)."""
-    from mmrl.models.pretrain import Example
+    """``draw(rng)`` for `mmrl.models.recipes.pretrain.pretrain`: a chat prompt of
+    ``example(rng) -> (question, answer)`` and its target ``<answer>answer</answer>`` (end of turn included)."""
+    from mmrl.models.recipes.pretrain import Example
 
     def draw(rng: random.Random) -> Example:
         question, solution = example(rng)
@@ -206,8 +193,8 @@ def text_examples(tokenizer, example=arithmetic_example):
     return draw
 
 
-def _build_dense(steps: int | None = None):
-    from mmrl.models.pretrain import pretrain
+def build_dense(steps: int | None = None):
+    from mmrl.models.recipes.pretrain import pretrain
 
     tokenizer = train_tokenizer()
     model = tiny_qwen2(tokenizer)
@@ -216,8 +203,8 @@ def _build_dense(steps: int | None = None):
     return model, tokenizer
 
 
-def _build_moe(steps: int | None = None):
-    from mmrl.models.pretrain import pretrain
+def build_moe(steps: int | None = None):
+    from mmrl.models.recipes.pretrain import pretrain
 
     tokenizer = train_tokenizer(countdown=True)
     model = tiny_qwen3_moe(tokenizer)
@@ -226,21 +213,9 @@ def _build_moe(steps: int | None = None):
     return model, tokenizer
 
 
-def _build_vl(steps: int | None = None):
-    from mmrl.models.embedded_vl import build_tiny_vl
-
-    return build_tiny_vl(steps)
-
-
-def _build_grounding_vl(steps: int | None = None):
-    from mmrl.models.embedded_vl import build_tiny_grounding_vl
-
-    return build_tiny_grounding_vl(steps)
-
-
-def _build_agent(steps: int | None = None):
+def build_agent(steps: int | None = None):
     """The agent's recipe has no pre-training (see the module docstring): ``steps`` changes nothing."""
-    from mmrl.models.agent_corpus import alfworld_corpus
+    from mmrl.models.recipes.agent_corpus import alfworld_corpus
 
     tokenizer = train_tokenizer(vocab_size=1024, corpus=alfworld_corpus)
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE  # v3: tool calling (TRL); plain chats render as before
@@ -251,43 +226,3 @@ def _build_agent(steps: int | None = None):
 
 DENSE_PRETRAIN_STEPS = 200
 MOE_PRETRAIN_STEPS = 150
-# name -> builder(steps): (model, tokenizer or processor); steps None runs the recipe's own pre-training length
-BUILDERS = {EMBEDDED_NAME: _build_dense, EMBEDDED_MOE_NAME: _build_moe, EMBEDDED_VL_NAME: _build_vl,
-            EMBEDDED_AGENT_NAME: _build_agent, EMBEDDED_GROUNDING_NAME: _build_grounding_vl}
-
-
-# The kernels of every x86-64 build (see the module docstring): PyTorch's own, MKL's and oneDNN's, each capped at AVX2,
-# which every x86-64 CPU since 2013 has. On a CPU without AVX2 each library falls back to what the CPU has.
-PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-KERNELS_PINNED_HERE = platform.machine().lower() in ("x86_64", "amd64")
-
-
-def pinned_kernel_env() -> dict[str, str]:
-    """This process's environment for a build child: ``PINNED_KERNELS`` on x86-64, and mmrl importable."""
-    env = dict(os.environ)
-    if KERNELS_PINNED_HERE:
-        env.update(PINNED_KERNELS)
-    source_root = str(Path(__file__).resolve().parents[2])  # the folder holding the mmrl package
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-BUILD_RECORD = "build.json"  # how a model was built: the recipe, its steps, the kernels, the library versions
-
-
-def write_embedded(name: str, directory: Path, steps: int | None = None) -> None:
-    """Build embedded model ``name`` in this process and save it into ``directory`` (one thread, fixed seeds), with
-    a record of how (``BUILD_RECORD``). ``steps``: pre-training steps instead of the recipe's (each phase's, for a
-    recipe of several), for a quick check of the recipe."""
-    import transformers
-
-    torch.set_num_threads(1)  # bit-identical result whatever the machine's core count
-    with torch.random.fork_rng():
-        model, tokenizer = BUILDERS[name](steps)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)  # a processor (vision default) saves its tokenizer and image processor
-    record = {"name": name, "recipe": RECIPE_VERSIONS[name], "steps": steps, "machine": platform.machine(),
-              "kernels": torch.backends.cpu.get_cpu_capability(),
-              "pinned": {k: os.environ.get(k) for k in PINNED_KERNELS},
-              "torch": torch.__version__, "transformers": transformers.__version__}
-    (directory / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n")

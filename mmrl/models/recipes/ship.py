@@ -1,4 +1,5 @@
-"""``python -m mmrl.models.ship NAME --from DIR [--eval "ARGS"]``: add a built model to the package's shipped weights.
+"""``python -m mmrl.models.recipes.ship NAME --from DIR [--eval "ARGS"]``: add a built model to the package's
+shipped weights.
 
 Copies the model's files (weights, config, tokenizer or processor files; not its ``build.json``) from DIR into
 ``mmrl/models/weights/<version>/`` and records the model in ``weights/manifest.json`` (`mmrl.models.shipped`): the
@@ -13,7 +14,7 @@ default), the build's versions and kernels (DIR's ``build.json``; without one, t
 
 The ALFWorld warm-started agent, for example, is added with::
 
-    python -m mmrl.models.ship embedded:tiny-qwen2-agent-sft --from OUT/sft-seed0/model \
+    python -m mmrl.models.recipes.ship embedded:tiny-qwen2-agent-sft --from OUT/sft-seed0/model \
         --warm-start OUT/sft-seed0/warm_start.json --command "python benchmarks/alfworld.py ... --out OUT"
 
 A model already shipped under that name or folder is replaced only with ``--replace``. ``--expect SUMMARY.json``
@@ -38,8 +39,7 @@ from mmrl.cache import EMBEDDED_VERSIONS, RECIPE_VERSIONS
 from mmrl.cli import OneLineParser, run_cli
 from mmrl.errors import RunError, UserError
 from mmrl.files import atomic_write_text
-from mmrl.models.embedded import BUILD_RECORD
-from mmrl.models.shipped import MANIFEST_NAME, WEIGHTS_DIR, file_sha256, read_manifest
+from mmrl.models.shipped import BUILD_RECORD, MANIFEST_NAME, WEIGHTS_DIR, file_sha256, read_manifest
 
 MAX_FILE_BYTES = 5 * 2**20  # the package stays small: every shipped file under 5 MiB
 MANIFEST_FORMAT = 1
@@ -64,7 +64,7 @@ def build_record(source: Path) -> dict:
 
     return {"machine": platform.machine(), "kernels": torch.backends.cpu.get_cpu_capability(),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "recorded": f"by mmrl.models.ship: {source} has no {BUILD_RECORD}"}
+            "recorded": f"by mmrl.models.recipes.ship: {source} has no {BUILD_RECORD}"}
 
 
 def model_files(source: Path) -> list[Path]:
@@ -187,7 +187,7 @@ def warm_start_skill(record_path: Path, command: str) -> dict:
 
 
 def _main(argv: list[str] | None) -> None:
-    parser = OneLineParser(prog="python -m mmrl.models.ship", description=__doc__,
+    parser = OneLineParser(prog="python -m mmrl.models.recipes.ship", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", help="embedded:<name>, as users will spell it")
     parser.add_argument("--from", dest="source", default="", help="the folder of the built model")
@@ -220,7 +220,7 @@ def _main(argv: list[str] | None) -> None:
         version = args.version or EMBEDDED_VERSIONS.get(args.name, "")
         if not version:
             raise UserError(f"--version: {args.name} has no version in mmrl.cache; name its folder")
-        command = args.command or (f"python -m mmrl.models.build {args.name} --out DIR"
+        command = args.command or (f"python -m mmrl.models.recipes.build {args.name} --out DIR"
                                    if args.name in RECIPE_VERSIONS else "")
         if not command:
             raise UserError(f"--command: {args.name} has no recipe here; give the command that built it")

@@ -21,9 +21,11 @@ import yaml
 import mmrl.algos as algos
 from mmrl.cache import EMBEDDED_NAME, cache_root
 from mmrl.errors import UserError
-from mmrl.trainer.schedule import SCHEDULES
-from mmrl.trainer.text_sampler import SAMPLERS
+from mmrl.run.schedule import SCHEDULES
 from mmrl.values import YAMLBoundError, as_default_type, safe_yaml, yaml_scalar
+
+# ``rollout.sampler``: "mmrl", the local trainer's own loop for text prompts; "hf", transformers' generate.
+SAMPLERS = ("mmrl", "hf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +57,7 @@ def one_of(choices: typing.Sequence[Any], note: str = "") -> Range:
 def setting(default: Any = dataclasses.MISSING, help: str = "", range: Range | None = None,  # noqa: A002
             factory: Callable[[], Any] | None = None) -> Any:
     """A config field with its help text and valid range in its metadata: the one source of ``--help``, the range
-    check of `validate` and docs/config.md (``python -m mmrl.trainer.config_doc``)."""
+    check of `validate` and docs/config.md (``python -m mmrl.run.config_doc``)."""
     metadata = {"help": help, "range": range}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)

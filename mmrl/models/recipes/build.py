@@ -1,12 +1,13 @@
-"""``python -m mmrl.models.build NAME --out DIR [--steps N]``: build an embedded model from its recipe into DIR.
+"""``python -m mmrl.models.recipes.build NAME --out DIR [--steps N]``: build an embedded model from its recipe
+into DIR.
 
-The package ships the built models (`mmrl.models.shipped`); this runs a recipe of `mmrl.models.embedded` again, into
-a new folder and never over the shipped copy: to check the recipe, to study it, or to build the next version (then
-``python -m mmrl.models.ship`` adds it to the package). The build runs in a child process with one thread and, on
-x86-64, AVX2 kernels (``pinned_kernel_env``), because a process picks its kernels when PyTorch starts. A rebuild on
-another machine or with other library versions can give other weights than the shipped ones;
-``python benchmarks/rebuild.py`` compares its skill with theirs. ``--steps`` replaces the recipe's pre-training
-length (per phase), for a quick check that the recipe runs.
+The package ships the built models (`mmrl.models.shipped`); this runs a recipe of `mmrl.models.recipes.embedded` again,
+into a new folder and never over the shipped copy: to check the recipe, to study it, or to build the next version (then
+``python -m mmrl.models.recipes.ship`` adds it to the package). The build runs in a child process with one thread and,
+on x86-64, AVX2 kernels (``pinned_kernel_env``), because a process picks its kernels when PyTorch starts. A rebuild on
+another machine or with other library versions can give other weights than the shipped ones; ``python
+benchmarks/rebuild.py`` compares its skill with theirs. ``--steps`` replaces the recipe's pre-training length (per
+phase), for a quick check that the recipe runs.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from pathlib import Path
 from mmrl.cache import EMBEDDED_VERSIONS
 from mmrl.cli import OneLineParser, run_cli
 from mmrl.errors import RunError, UserError
-from mmrl.models.embedded import BUILD_RECORD, BUILDERS, pinned_kernel_env
-from mmrl.models.shipped import WEIGHTS_DIR, read_manifest
+from mmrl.models.recipes.registry import BUILDERS, pinned_kernel_env
+from mmrl.models.shipped import BUILD_RECORD, WEIGHTS_DIR, read_manifest
 
 
 def build_command(name: str) -> str:
     """The command that builds ``name`` from its recipe, as the manifest records it."""
-    return f"python -m mmrl.models.build {name} --out DIR"
+    return f"python -m mmrl.models.recipes.build {name} --out DIR"
 
 
 def check_target(out: Path) -> None:
@@ -36,7 +37,7 @@ def check_target(out: Path) -> None:
     resolved = out.resolve()
     if resolved == WEIGHTS_DIR or WEIGHTS_DIR in resolved.parents:
         raise UserError(f"--out: {out} is inside the shipped weights ({WEIGHTS_DIR}); build elsewhere and add it "
-                         f"with python -m mmrl.models.ship")
+                         f"with python -m mmrl.models.recipes.ship")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out: {out} already exists and is not an empty folder; name a new one")
 
@@ -54,7 +55,7 @@ def build_model(name: str, out: Path, steps: int | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".building-{out.name}-"))
     try:
-        command = [sys.executable, "-m", "mmrl.models.build_child", name, str(tmp)]
+        command = [sys.executable, "-m", "mmrl.models.recipes.build_child", name, str(tmp)]
         if steps is not None:
             command.append(str(steps))
         # a child process: the kernels are chosen when PyTorch starts (its errors reach this stderr as they happen)
@@ -73,7 +74,7 @@ def build_model(name: str, out: Path, steps: int | None = None) -> Path:
 
 
 def _main(argv: list[str] | None) -> None:
-    parser = OneLineParser(prog="python -m mmrl.models.build", description=__doc__,
+    parser = OneLineParser(prog="python -m mmrl.models.recipes.build", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", help=f"one of: {', '.join(BUILDERS)}")
     parser.add_argument("--out", required=True, help="a new (or empty) folder for the model")

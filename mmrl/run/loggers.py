@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.files import remove_named_files, remove_owned
-from mmrl.trainer.masking import masked_argv
+from mmrl.run.masking import masked_argv
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
 WANDB_ID_FILE = "wandb_run_id"  # in the run dir: --resume continues the same W&B run
@@ -78,7 +78,7 @@ def wandb_mode() -> str:
 class TensorBoardLog:
     """TensorBoard event files in ``run_dir``. A resumed run tells TensorBoard to drop the old files' events from
     ``resume_step`` on, which the resumed run logs again. The event files of a run that a fresh one replaces
-    (``--run.overwrite``) are removed by the run directory's claim (mmrl.trainer.run_dir), which knows which are a
+    (``--run.overwrite``) are removed by the run directory's claim (mmrl.run.run_dir), which knows which are a
     run's; ``files`` names the one this log created."""
 
     def __init__(self, run_dir: Path, resume_step: int | None = None):
@@ -101,7 +101,7 @@ class TensorBoardLog:
 @contextmanager
 def masked_command_line() -> Iterator[None]:
     """W&B stores the process's command line (``sys.argv``) with a run, in its files and on its servers: while
-    ``wandb.init`` reads it, it is the masked one (:func:`mmrl.trainer.masking.masked_argv`)."""
+    ``wandb.init`` reads it, it is the masked one (:func:`mmrl.run.masking.masked_argv`)."""
     saved = list(sys.argv)
     sys.argv[:] = masked_argv(saved)
     try:

@@ -2,13 +2,13 @@
 bundled vision data they are pre-trained on, and their builds.
 
 The processor and the architecture are the vision layer's (`mmrl.vision.embedded`), the loop is every embedded
-model's (`mmrl.models.pretrain`); the text and rows come from the bundled tasks, which is why the recipe sits in the
-model layer (above tasks and vision).
+model's (`mmrl.models.recipes.pretrain`); the text and rows come from the bundled tasks, which is why the recipe
+sits in the model layer (above tasks and vision).
 
-Both ship with the package as built files (`mmrl.models.shipped`); ``python -m mmrl.models.build NAME --out DIR``
-runs a recipe again (in a child process with AVX2 kernels and one thread, see `mmrl.models.embedded`), which on another
-machine or library version gives other weights. Recipe of ``embedded:tiny-qwen2.5-vl`` (version ``VL_RECIPE_VERSION``
-in `mmrl.cache`):
+Both ship with the package as built files (`mmrl.models.shipped`); ``python -m mmrl.models.recipes.build NAME --out
+DIR`` runs a recipe again (in a child process with AVX2 kernels and one thread, see `mmrl.models.recipes.embedded`),
+which on another machine or library version gives other weights. Recipe of ``embedded:tiny-qwen2.5-vl`` (version
+``VL_RECIPE_VERSION`` in `mmrl.cache`):
 
 1. the byte-level BPE tokenizer of the text default, trained on its corpus plus the bundled geometry prompts and
    answers, with the Qwen-VL special tokens, one token per ``<think>``/``<answer>`` tag (a whole bundled answer
@@ -16,7 +16,7 @@ in `mmrl.cache`):
    ``<|vision_start|><|image_pad|><|vision_end|>``;
 2. a ``Qwen2_5_VLForConditionalGeneration``: ViT of depth 2 (hidden 64, patch 14, 2 × 2 merge, window attention
    as Qwen2.5-VL), LLM of 2 layers (hidden 96, M-RoPE sections [4, 4, 4]); ~0.57 M parameters;
-3. supervised pre-training (:data:`PRETRAIN_STEPS` steps of 16 rows, `mmrl.models.pretrain`) on a mix of freshly
+3. supervised pre-training (:data:`PRETRAIN_STEPS` steps of 16 rows, `mmrl.models.recipes.pretrain`) on a mix of freshly
    drawn geometry diagrams (:data:`GEO_SHARE`, both prompt layouts; drawn by the bundled generator with a random
    stream of their own, not taken from the bundled set, but the generator's picture space is small, so many
    bundled held-out diagrams can come up in pre-training too), freshly drawn grid-layout grounding scenes
@@ -90,7 +90,7 @@ def geometry_examples(vp, noise: float = GEO_NOISE):
     """``draw(rng)``: a freshly drawn geometry diagram (from its own random stream, not the bundled set's rows; the
     same picture can still come up), in either layout, whose target chain rests on the true reading, or with
     probability ``noise`` on a uniformly drawn one."""
-    from mmrl.models.pretrain import Example
+    from mmrl.models.recipes.pretrain import Example
     from mmrl.tasks.geo_synthetic import geo_problem, problem_text, random_reading
 
     tok = vp.tokenizer
@@ -112,7 +112,7 @@ def grounding_examples(vp, noise: float = BOX_NOISE, size: int = 112, counts: tu
     set's rows) of ``counts`` shapes whose target box is the referred shape's, or with probability ``noise`` that box
     moved by one grid cell in a random direction (clipped to the image), written in the model's frame as the
     grounding task's reference completion."""
-    from mmrl.models.pretrain import Example
+    from mmrl.models.recipes.pretrain import Example
     from mmrl.tasks.synthetic_vision import GRID, draw_scene, grounding_prompt, place_on_grid, reference_completion
     from mmrl.tasks.vision_data import vision_messages
 
@@ -137,7 +137,7 @@ def grounding_examples(vp, noise: float = BOX_NOISE, size: int = 112, counts: tu
 
 def set_examples(vp, rows: list[tuple[dict, Callable[[dict], str]]]):
     """``draw(rng)``: one of ``rows`` (sample, target(annotated sample) -> completion), each encoded once."""
-    from mmrl.models.pretrain import Example
+    from mmrl.models.recipes.pretrain import Example
 
     encoded = []
     for i, (row, completion) in enumerate(rows):
@@ -171,7 +171,7 @@ def other_rows(per_set: int = OTHER_ROWS) -> list[tuple[dict, Callable[[dict], s
 
 def vl_tokenizer():
     """The tokenizer of both embedded Qwen-VL models (recipe step 1)."""
-    from mmrl.models.embedded import train_tokenizer
+    from mmrl.models.recipes.embedded import train_tokenizer
     from mmrl.tasks.synthetic_vision import corpus_lines
     from mmrl.vision.embedded import TAG_TOKENS
 
@@ -184,7 +184,7 @@ def build_tiny_vl(steps: int | None = None):
     """(model, processor) of the vision default, pre-trained ``steps`` steps (None: :data:`PRETRAIN_STEPS`)."""
     import torch
 
-    from mmrl.models.pretrain import pretrain
+    from mmrl.models.recipes.pretrain import pretrain
     from mmrl.vision.embedded import MAX_PIXELS, MIN_PIXELS, build_processor, tiny_qwen2_5_vl
     from mmrl.vision.family import FAMILIES
     from mmrl.vision.processor import VisionProcessor
@@ -222,7 +222,7 @@ def build_tiny_grounding_vl(steps: int | None = None):
        (``mmrl/models/weights/manifest.json``); what RL makes of it is on docs/results.md#grounding_gpg.
 
     ``steps`` (None: the recipe's) replaces the step count of each phase and round."""
-    from mmrl.models.pretrain import pretrain
+    from mmrl.models.recipes.pretrain import pretrain
     from mmrl.vision.embedded import QWEN3_MAX_PIXELS, QWEN3_MIN_PIXELS, build_qwen3_processor, tiny_qwen3_vl
     from mmrl.vision.family import FAMILIES
     from mmrl.vision.processor import VisionProcessor

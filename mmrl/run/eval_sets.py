@@ -13,9 +13,9 @@ import inspect
 from typing import Any
 
 from mmrl.errors import UserError
+from mmrl.run.config import EvalSetConfig, TrainConfig, eval_set_configs
 from mmrl.tasks import TASKS, Task, get_task
 from mmrl.tasks.base import EnvTask
-from mmrl.trainer.config import EvalSetConfig, TrainConfig, eval_set_configs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,16 +37,16 @@ from typing import Any
 
 from mmrl.errors import UserError
 from mmrl.files import atomic_write_text, is_temporary_of
-from mmrl.trainer.checkpoint import (
+from mmrl.run.checkpoint import (
     STEP_FOLDER,
     checkpoints,
     latest_checkpoint,
     remove_checkpoint,
     remove_partial_writes,
 )
-from mmrl.trainer.config import TrainConfig, saved_overrides
-from mmrl.trainer.loggers import WANDB_DIR, WANDB_ID_FILE, remove_wandb_files
-from mmrl.trainer.masking import masked_config
+from mmrl.run.config import TrainConfig, saved_overrides
+from mmrl.run.loggers import WANDB_DIR, WANDB_ID_FILE, remove_wandb_files
+from mmrl.run.masking import masked_config
 
 log = logging.getLogger("mmrl")
 
@@ -57,12 +57,12 @@ RESUMES_NAME = "resumes.jsonl"
 # Names a run of either backend writes at the top of its directory: a folder holding one of them beside an mmrl
 # config.json is a run's, and mmrl.eval never writes its results over one of them.
 RUN_FILES = {LOCK_NAME, RECORD_NAME, CONFIG_NAME, RESUMES_NAME, "metrics.jsonl", "curves.png", "sft.jsonl",
-             "samples.jsonl", "checkpoints", WANDB_DIR, WANDB_ID_FILE,  # the last two: W&B (mmrl.trainer.loggers)
+             "samples.jsonl", "checkpoints", WANDB_DIR, WANDB_ID_FILE,  # the last two: W&B (mmrl.run.loggers)
              "openrlhf", "model", "tensorboard", "rehearsal"}  # the openrlhf backend's (mmrl.openrlhf.launch)
-# TensorBoard names its event files events.out.tfevents.<time>.<host>... (mmrl.trainer.loggers, --run.tensorboard)
+# TensorBoard names its event files events.out.tfevents.<time>.<host>... (mmrl.run.loggers, --run.tensorboard)
 RUN_FILE_PREFIXES = ("events.out.tfevents.",)
 # The local trainer's checkpoint folders: a user may keep files in one (an evaluation of that step), so removing one
-# removes only the files its writer made (mmrl.trainer.checkpoint.remove_checkpoint) and names what it left.
+# removes only the files its writer made (mmrl.run.checkpoint.remove_checkpoint) and names what it left.
 CHECKPOINT_FOLDERS = "checkpoints/step_*"
 # Fields that say how long, how often, where or with what resources to run, not what is trained.
 SAFE_ON_RESUME = {
