@@ -36,6 +36,7 @@ from mmrl.trainer.episodes import Episode, Turn, TurnRenderer, run_episodes  # n
 from mmrl.trainer.local import turn_steps  # noqa: E402
 
 with openrlhf_importable():
+    from mmrl.envs.adapters.openrlhf_agent import AgentExecutor as EpisodeAgentExecutor
     from mmrl.openrlhf.experience import MmrlExperienceMaker
     from mmrl.openrlhf.loss import sequence_advantages
     from mmrl.openrlhf.sampling import MmrlSamplesGenerator
@@ -210,3 +211,54 @@ def test_a_rank_with_fewer_rows_runs_idle_micro_batches():
     batches = trainer.micro_batches(items, torch.Generator().manual_seed(0), 4)
     assert sorted(int(b.action_mask.sum()) for b in batches) == [0, 0, 1, 2]
     assert [int(b.action_mask.sum()) for b in batches[2:]] == [0, 0]  # the idle ones come last
+
+
+class ContextPlayer(Player):
+    """The player of the episode layout, where a turn's prompt is the whole episode so far: the local driver's policy
+    reads each episode's context, the rollout engine the tokens OpenRLHF's executor sends."""
+
+    def policy(self, episodes):
+        return [Turn(tokens, text, True) for text, tokens in (self.turn_tokens(ep.context) for ep in episodes)]
+
+    async def generate(self, prompt_ids, params, multi_modal_data=None):  # OpenRLHF's executor passes images
+        return await super().generate(prompt_ids, params)
+
+
+def test_episode_layout_samples_equal_the_local_backends():
+    """The episode layout: OpenRLHF's own multi-turn executor over the agent file (the openrlhf backend's episode
+    driver) makes, from the same games, seeds and player, the local driver's sample: the same tokens (the chat turns
+    of the tokenizer's template on both sides), the same trained tokens, return, score and episode logs."""
+    task = get_task("alfworld", **TASK_OPTIONS)
+    tokenizer = load_tokenizer(AGENT)
+    renderer = TurnRenderer(tokenizer, task.system_prompt)
+    executor = EpisodeAgentExecutor(env_workers=0)
+    generator = object.__new__(MmrlSamplesGenerator)
+    generator.turns = {}
+    returns = set()
+    for game, label in enumerate(episode_rows(task, task.train[:GAMES], 0, "episode")):
+        label = json.dumps({k: v for k, v in label.items() if k != "messages"})
+        local_player, remote_player = ContextPlayer(tokenizer), ContextPlayer(tokenizer)
+        for _ in range(EPISODES):  # the nth episode of a game gets the player's nth picks on both sides
+            local = Episode(task.make_env(task.train[game], "episode"), seed=game)
+            run_episodes([local], renderer, local_player.policy, MAX_LENGTH)
+            response = asyncio.run(executor.execute("", label, SamplingParams(max_tokens=64, logprobs=None),
+                                                    MAX_LENGTH, tokenizer, SimpleNamespace(
+                                                        generate=remote_player.generate)))
+            assert local.outcome == "done" and local.steps > 1
+            assert response["observation_tokens"] == local.prompt_ids + local.token_ids
+            trained = [0] * len(response["observation_tokens"])
+            for start, end in response["action_ranges"]:
+                trained[start:end] = [1] * (end - start)
+            assert trained == [0] * len(local.prompt_ids) + local.loss_mask
+            assert response["reward"] == pytest.approx(sum(local.rewards))
+            assert response["scores"] == float(local.won)
+            assert response["extra_logs"] == local.logs(len(local.actions))
+            # mmrl's samples generator makes the row the update trains on: the local row's tokens, and its loss mask
+            # as OpenRLHF's action mask (which marks the tokens after the first)
+            experience = generator._process_response_into_experience(response, max_len=MAX_LENGTH)
+            assert experience.sequences.reshape(-1).tolist() == local.prompt_ids + local.token_ids
+            assert experience.action_mask.reshape(-1).tolist() == [bool(m) for m in trained[1:]]
+            assert experience.rewards.reshape(-1).tolist() == pytest.approx([sum(local.rewards)])
+            returns.add(round(sum(local.rewards), 3))
+    assert len(returns) > 1  # the player's malformed turns are penalised: the episodes' returns differ
+    executor.close()
