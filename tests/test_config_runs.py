@@ -81,3 +81,16 @@ def test_a_run_without_every_set_logged_at_its_last_step_is_not_finished(tmp_pat
     finished_run(tmp_path / "run", 0.1, 0.2, wall=1.0, extra={"eval/greedy/pass@1": 0.3})
     assert module.finished(tmp_path / "run", 2, ["eval/greedy/pass@1"]) is not None
     assert module.finished(tmp_path / "run", 2, ["eval/greedy/pass@1", "eval/sampled/pass@1"]) is None
+
+
+def test_each_seed_draws_its_own_training_game_order():
+    """What the paired comparison rests on: run.seed alone draws the local trainer's game order, so runs of one seed
+    (one per objective) play the same games in the same order and another seed plays another order."""
+    from mmrl.trainer.local import PromptSampler
+
+    def order(seed: int) -> list[int]:
+        return PromptSampler(64, seed).take(3 * 64)  # three passes over 64 training games
+
+    assert order(0) == order(0) and order(1) == order(1)
+    assert order(0)[:64] != order(1)[:64] and sorted(order(0)[:64]) == list(range(64))
+    assert order(0)[:64] != order(0)[64:128]  # each pass is a new shuffle
