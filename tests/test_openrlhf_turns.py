@@ -97,8 +97,14 @@ def local_rows(task, tokenizer, algo):
         groups.append(Group(game, task.train[game], episodes[0].turns[0].prompt_ids, responses))
     batch = collate(groups, tokenizer.pad_token_id)
     rows = [row[mask.bool()].tolist() for row, mask in zip(batch.input_ids, batch.attention_mask, strict=True)]
+    steps = [step_of(r.step) for g in groups for r in g.responses]
     return rows, batch.rewards, batch.group_ids, algo.turn_advantages(batch.rewards, batch.group_ids,
-                                                                      turn_steps(groups))
+                                                                      turn_steps(groups)), steps
+
+
+def step_of(step) -> tuple:
+    """What a turn row says about its step, less the episode's number (each backend numbers episodes its own way)."""
+    return step.index, step.reward, step.anchor, step.penalty
 
 
 def openrlhf_rows(task, tokenizer, args):
@@ -118,13 +124,14 @@ def openrlhf_rows(task, tokenizer, args):
                                                         generate=player.generate)))
             assert len(response[TURNS_KEY]) == response["extra_logs"]["turns"]
             episodes.append(generator._process_response_into_experience(response, max_len=MAX_LENGTH))
+    steps = [step_of(step) for e in episodes for _, step in generator.turns[id(e)]]
     rows = lay_out_turns([generator.turns.pop(id(e)) for e in episodes], EPISODES)
     maker = MmrlExperienceMaker(None, None, None, None, None, SimpleNamespace(args=args),
                                 SimpleNamespace(pad_token_id=tokenizer.pad_token_id), mmrl_spec=args.mmrl)
     experiences = maker.split_rollout_samples(rows)
     for e in experiences:  # the policy's forward would give π_old here; the advantages do not read it
         e.action_log_probs = torch.zeros(e.action_mask.shape)
-    return maker.compute_advantages_and_returns(experiences)
+    return maker.compute_advantages_and_returns(experiences), steps
 
 
 # verl-agent's order for the invalid-action penalty (the ALFWorld recipes): the penalties must reach both backends
@@ -143,8 +150,10 @@ def test_turn_rows_and_advantages_equal_the_local_backends(name, flags, tmp_path
                         *[f"--task.{k}={v}" for k, v in TASK_OPTIONS.items()]])
     args = resolve_launch(cfg, write=False).args
     algo = algos.get(name, **args.mmrl["params"])
-    want_rows, want_rewards, want_groups, want_adv = local_rows(task, tokenizer, algo)
-    shares = openrlhf_rows(task, tokenizer, args)
+    want_rows, want_rewards, want_groups, want_adv, want_steps = local_rows(task, tokenizer, algo)
+    shares, got_steps = openrlhf_rows(task, tokenizer, args)
+    # each turn's env reward, invalid-action penalty and anchor state, episode by episode in play order
+    assert got_steps == want_steps and any(penalty for *_, penalty in want_steps)
     assert len(shares) == 2  # one experience per policy rank
     got_rows = [row[mask.bool()].tolist() for e in shares for row, mask in zip(e.sequences, e.attention_mask,
                                                                                 strict=True)]
@@ -156,7 +165,7 @@ def test_turn_rows_and_advantages_equal_the_local_backends(name, flags, tmp_path
     torch.testing.assert_close(got_adv.float(), want_adv.float(), atol=1e-6, rtol=1e-6)
     assert want_adv.abs().sum() > 0  # the player's episodes differ: the case carries signal
     if flags:  # the player's malformed turns make the penalty's place matter
-        _, _, _, by_episode = local_rows(task, tokenizer, algos.get(name, episode_scope="turn"))
+        _, _, _, by_episode, _ = local_rows(task, tokenizer, algos.get(name, episode_scope="turn"))
         assert not torch.allclose(want_adv, by_episode)
 
 
