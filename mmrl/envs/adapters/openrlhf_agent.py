@@ -137,6 +137,9 @@ class AgentInstance(AgentInstanceBase):
     async def reset(self, states: dict, **kwargs):
         spec = parse_label(states.get("label"))
         self.chat, self.record, self.turns = spec["chat"], EpisodeRecord(), 0
+        if self.renderer is None:  # built by another executor than this file's, which binds the engine's tokenizer
+            raise UserError("AgentInstance is played by this file's AgentExecutor, which gives it the engine's "
+                            "tokenizer for the chat template")
         if self.chat == "template":
             self.chat_turns = self.renderer if spec["system"] is None else TurnRenderer(self.renderer.tokenizer,
                                                                                        spec["system"])
@@ -158,7 +161,7 @@ class AgentInstance(AgentInstanceBase):
         if self.record.outcome == "failed":  # the env never started
             return await self._finish(0.0, sampling_params)
         # the env reads the turn as the local backend steps it: without the stop token that closed it
-        stop = self.chat_turns.closes_turn(action_text) if self.chat_turns is not None else None
+        stop = self.renderer.closes_turn(action_text)
         action = action_text[: -len(stop)] if stop else action_text
         try:
             if self.pool is not None:
