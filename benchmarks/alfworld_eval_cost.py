@@ -2,7 +2,7 @@
 ``python -m mmrl.eval`` on each of the config's ``evaluation.sets``, one set per process, on one thread.
 
     OMP_NUM_THREADS=1 python benchmarks/alfworld_eval_cost.py --config examples/alfworld_grpo_warm_start.yaml \
-        --sets greedy,sampled --out benchmarks/results/alfworld_eval_cost
+        --sets greedy,sampled --publish
 
 A run evaluates at step 0 and after its last step, so it pays this twice. The config's game set is built first by a
 one-game evaluation that is not timed (building is paid once per machine, into the cache). CPU time (user + system,
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import yaml
-from summary import result_row, write_summary
+from summary import add_out_arguments, result_row, write_summary
 
 
 def run(cmd: list[str]) -> tuple[float, float]:
@@ -39,7 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="examples/alfworld_grpo_warm_start.yaml")
     parser.add_argument("--sets", default="greedy", help="comma-separated names of the config's evaluation sets")
-    parser.add_argument("--out", default="benchmarks/results/alfworld_eval_cost")
+    add_out_arguments(parser, "alfworld_eval_cost", what="where the summary goes, as <out>.json")
     args = parser.parse_args()
     config = yaml.safe_load(Path(args.config).read_text())
     sets = {s["name"]: s for s in (config.get("evaluation") or {}).get("sets") or []}

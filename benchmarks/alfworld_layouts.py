@@ -12,7 +12,7 @@ runs each seed, and ``run.seed`` draws the run's training game order and evaluat
 with the first one seed by seed: the mean paired difference and its 95% t-interval.
 
     python benchmarks/alfworld_layouts.py --pairs grpo:episode,grpo:turn,gigpo:turn --seeds 0 --steps 2 \
-        --max-steps 50 --eval-games 8 --out benchmarks/results/alfworld_layouts
+        --max-steps 50 --eval-games 8 --publish
 
 A finished run in ``<out>/runs`` is read, not run again.
 """
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from summary import paired_row, result_row, write_summary
+from summary import add_out_arguments, paired_row, result_row, write_summary
 
 CONFIG = "examples/alfworld_grpo_warm_start.yaml"
 SETS = ("greedy", "sampled")  # the config's evaluation.sets, each logged as eval/<set>/pass@1
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="RL steps per run")
     parser.add_argument("--max-steps", type=int, default=50, help="env steps per episode (task.max_steps)")
     parser.add_argument("--eval-games", type=int, default=0, help="held-out games evaluated (0: all 96)")
-    parser.add_argument("--out", default="benchmarks/results/alfworld_layouts")
+    add_out_arguments(parser, "alfworld_layouts")
     args = parser.parse_args()
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
