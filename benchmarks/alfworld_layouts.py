@@ -6,8 +6,10 @@ on the game set it was trained on) with ``--algo``, ``--rollout.agent_layout`` a
 process per run, so a run's peak resident memory (``ru_maxrss`` of that process, from ``os.wait4``) is its own. Step
 time, trained tokens, episode length and the share of episodes cut off by the token budget
 (``rollout.max_episode_tokens``, which bounds the episode layout's one growing sequence) are the means over the
-run's steps from its ``metrics.jsonl``; held-out greedy success is the run's evaluation at step 0 and after its
-last step.
+run's steps from its ``metrics.jsonl``; held-out success is the run's evaluation at step 0 and after its last step,
+greedy and sampled (the config's ``evaluation.sets``: 96 held-out games, 4 episodes per game at T 0.7). Every pair
+runs each seed, and ``run.seed`` draws the run's training game order and evaluation sampling, so pairs are compared
+with the first one seed by seed: the mean paired difference and its 95% t-interval.
 
     python benchmarks/alfworld_layouts.py --pairs grpo:episode,grpo:turn,gigpo:turn --seeds 0 --steps 2 \
         --max-steps 50 --eval-games 8 --publish
@@ -25,9 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from summary import add_out_arguments, result_row, write_summary
+from summary import add_out_arguments, paired_row, result_row, write_summary
 
 CONFIG = "examples/alfworld_grpo_warm_start.yaml"
+SETS = ("greedy", "sampled")  # the config's evaluation.sets, each logged as eval/<set>/pass@1
 
 
 def command(algo: str, layout: str, seed: int, run: Path, args) -> list[str]:
@@ -56,7 +59,7 @@ def read_run(run: Path, steps: int) -> dict | None:
     if not (metrics.is_file() and cost.is_file()):
         return None
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    evals = [r for r in records if "eval/success_rate" in r]
+    evals = [r for r in records if all(f"eval/{s}/pass@1" in r for s in SETS)]
     train = [r for r in records if "step_time" in r]
     if len(train) < steps or not evals or evals[-1]["step"] != steps:
         return None
@@ -70,15 +73,15 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--steps", type=int, default=2, help="RL steps per run")
     parser.add_argument("--max-steps", type=int, default=50, help="env steps per episode (task.max_steps)")
-    parser.add_argument("--eval-games", type=int, default=0, help="held-out games evaluated (0: all 24)")
+    parser.add_argument("--eval-games", type=int, default=0, help="held-out games evaluated (0: all 96)")
     add_out_arguments(parser, "alfworld_layouts")
     args = parser.parse_args()
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
-    rows = []
+    rows, rises_of, games = [], {}, {}
     for algo, layout in pairs:
-        values: dict[str, dict[int, float]] = {k: {} for k in ("step", "tokens", "rss", "cut", "length", "start", "end",
-                                                                 "rise")}
+        values: dict[str, dict[int, float]] = {k: {} for k in ("step", "tokens", "rss", "cut", "length")}
+        success = {(s, when): {} for s in SETS for when in ("start", "end", "rise")}
         for seed in seeds:
             run = out / "runs" / f"{algo}-{layout}-s{seed}"
             found = read_run(run, args.steps)
@@ -93,26 +96,38 @@ def main() -> None:
             values["rss"][seed] = found["peak_rss_mib"]
             values["cut"][seed] = sum(r["truncated_episodes"] for r in train) / len(train)
             values["length"][seed] = sum(r["episode_length"] for r in train) / len(train)
-            values["start"][seed] = found["evals"][0]["eval/success_rate"]
-            values["end"][seed] = found["evals"][-1]["eval/success_rate"]
-            values["rise"][seed] = values["end"][seed] - values["start"][seed]
+            for s in SETS:
+                first, last = found["evals"][0], found["evals"][-1]
+                success[s, "start"][seed], success[s, "end"][seed] = first[f"eval/{s}/pass@1"], last[f"eval/{s}/pass@1"]
+                success[s, "rise"][seed] = success[s, "end"][seed] - success[s, "start"][seed]
+                games[s] = (last[f"eval/{s}/games"], last[f"eval/{s}/episodes_per_game"])
             print(f"{algo} {layout} seed {seed}: step {values['step'][seed]:.1f} s, "
-                  f"{values['tokens'][seed]:.0f} trained tokens/step, peak {values['rss'][seed]:.0f} MiB, "
-                  f"held-out success {values['start'][seed]:.3f} -> {values['end'][seed]:.3f}")
+                  f"{values['tokens'][seed]:.0f} trained tokens/step, peak {values['rss'][seed]:.0f} MiB, held-out "
+                  + ", ".join(f"{s} {success[s, 'start'][seed]:.3f} -> {success[s, 'end'][seed]:.3f}" for s in SETS))
         label, tags = f"{algo}, {layout} layout", {"algo": algo, "layout": layout, "max_steps": args.max_steps}
         rows += [result_row(label, "step time", values["step"], unit="s", **tags),
                  result_row(label, "tokens trained per step", values["tokens"], **tags),
                  result_row(label, "peak resident memory of the run", values["rss"], unit="MiB", **tags),
                  result_row(label, "training episodes cut off by rollout.max_episode_tokens", values["cut"], **tags),
-                 result_row(label, "env steps per training episode", values["length"], **tags),
-                 result_row(label, "held-out success at step 0", values["start"], **tags),
-                 result_row(label, f"held-out success after step {args.steps}", values["end"], **tags),
-                 result_row(label, "held-out success rise", values["rise"], **tags)]
+                 result_row(label, "env steps per training episode", values["length"], **tags)]
+        for s in SETS:
+            rows += [result_row(label, f"held-out {s} success at step 0", success[s, "start"], **tags),
+                     result_row(label, f"held-out {s} success after step {args.steps}", success[s, "end"], **tags),
+                     result_row(label, f"held-out {s} success rise", success[s, "rise"], **tags)]
+            if rises_of:  # paired by seed with the first pair: same seed, same start, same game order
+                base_algo, base_layout = pairs[0]
+                rows.append(paired_row(label, f"held-out {s} success rise minus {base_algo}, {base_layout} layout's "
+                                              "(same seed)", success[s, "rise"], rises_of[s], **tags))
+        if not rises_of:
+            rises_of = {s: success[s, "rise"] for s in SETS}
+    scale = "; ".join(f"{s}: {n} games × {k} episode{'s' if k != 1 else ''}, one game is {1 / n:.4f} of success "
+                      f"(0.01 is {n / 100:.2f} games)" for s, (n, k) in games.items())
     write_summary(out, f"ALFWorld agent layouts from the shipped warm start, {args.max_steps}-step episodes", rows,
                   seeds=seeds, notes=f"{CONFIG} with --algo, --rollout.agent_layout, --task.max_steps "
                                      f"{args.max_steps}, --steps {args.steps}; peak memory is the run process's "
-                                     "resident set (CPU), step time excludes evaluation.")
-
+                                     f"resident set (CPU), step time excludes evaluation. Held-out {scale}. Pairs "
+                                     "are compared with the first seed by seed (run.seed draws the training game "
+                                     "order and the evaluation's sampling): mean paired difference, 95% t-interval.")
 
 if __name__ == "__main__":
     main()

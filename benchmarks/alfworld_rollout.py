@@ -33,8 +33,8 @@ import torch  # noqa: E402
 from common import run_config  # noqa: E402
 from summary import add_out_arguments  # noqa: E402
 
+from mmrl.envs.episode import TurnRenderer  # noqa: E402
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
-from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.tasks.alfworld import ALFWORLD_DEFAULTS  # noqa: E402
 from mmrl.trainer.episodes import Episode, model_policy, run_episodes  # noqa: E402

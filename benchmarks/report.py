@@ -93,7 +93,10 @@ def section(name: str, summary: dict[str, Any]) -> str:
     for row in summary["rows"]:
         unit = row.get("unit", "")
         per_seed = ", ".join(f"{k}: {number(v)}" for k, v in row["values"].items())
-        lines.append(f"| {cell(row['label'])} | {cell(row['metric'])} | {number(row['mean'], unit)} | "
+        # a paired row (summary.paired_row) carries its t-interval: shown beside the mean it bounds
+        interval = (f" ({round(100 * row['ci_level'])}% CI {number(row['ci'][0])} … {number(row['ci'][1])})"
+                    if row.get("ci") else "")
+        lines.append(f"| {cell(row['label'])} | {cell(row['metric'])} | {number(row['mean'], unit)}{interval} | "
                      f"{number(row['se'])} | {number(row['min'])} … {number(row['max'])} | {row['n']} | {per_seed} |")
     if summary.get("cases"):
         lines += ([""] if lines[-1] else []) + ["| case | what | outcome |", "|---|---|---|"]

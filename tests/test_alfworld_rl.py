@@ -19,8 +19,8 @@ pytest.importorskip("mmrl.envs.alfworld")
 
 import mmrl.algos as algos  # noqa: E402
 from mmrl.batch import Group, collate  # noqa: E402
+from mmrl.envs.episode import TurnRenderer  # noqa: E402
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
-from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.tasks.alfworld import walkthrough  # noqa: E402
 from mmrl.trainer.episodes import Episode, model_policy, run_episodes  # noqa: E402

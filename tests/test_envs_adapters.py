@@ -28,8 +28,8 @@ def game_of(root, task_type):
 
 
 def test_envs_import_without_torch_or_trainer():
-    code = ("import sys; import mmrl.envs, mmrl.envs.alfworld, mmrl.envs.pool, mmrl.envs.adapters.trl, "
-            "mmrl.envs.adapters.gymnasium_env, mmrl.envs.alfworld.generate; "
+    code = ("import sys; import mmrl.envs, mmrl.envs.alfworld, mmrl.envs.pool, mmrl.envs.episode, "
+            "mmrl.envs.adapters.trl, mmrl.envs.adapters.gymnasium_env, mmrl.envs.alfworld.generate; "
             "bad = [m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('mmrl.trainer')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -8,9 +8,9 @@ import torch
 
 import mmrl.algos as algos
 from mmrl.batch import Group, Response, collate
+from mmrl.envs.episode import TurnRenderer
 from mmrl.models import load_tokenizer
 from mmrl.rewards.base import RewardResult
-from mmrl.run.prompts import TurnRenderer
 
 
 def test_collate_copies_the_loss_mask_and_keeps_env_tokens_in_context():

@@ -26,11 +26,11 @@ pytest.importorskip("mmrl.envs.alfworld")
 
 import mmrl.algos as algos  # noqa: E402
 from mmrl.batch import Group, collate  # noqa: E402
+from mmrl.envs.episode import TurnRenderer  # noqa: E402
 from mmrl.models import load_tokenizer  # noqa: E402
 from mmrl.openrlhf.grouping import GROUP_KEY, lay_out_turns  # noqa: E402
 from mmrl.openrlhf.launch import episode_rows, resolve_launch  # noqa: E402
 from mmrl.openrlhf.vllm_stand_in import CompletionOutput, RequestOutput, SamplingParams  # noqa: E402
-from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.train import parse_config  # noqa: E402
 from mmrl.trainer.episodes import Episode, run_episodes  # noqa: E402
@@ -38,6 +38,7 @@ from mmrl.trainer.learner import turn_steps  # noqa: E402
 from mmrl.trainer.turn_sampler import Turn  # noqa: E402
 
 with openrlhf_importable():
+    from mmrl.envs.adapters.openrlhf_agent import AgentExecutor as EpisodeAgentExecutor
     from mmrl.openrlhf.experience import MmrlExperienceMaker
     from mmrl.openrlhf.loss import sequence_advantages
     from mmrl.openrlhf.sampling import MmrlSamplesGenerator
@@ -98,8 +99,14 @@ def local_rows(task, tokenizer, algo):
         groups.append(Group(game, task.train[game], episodes[0].turns[0].prompt_ids, responses))
     batch = collate(groups, tokenizer.pad_token_id)
     rows = [row[mask.bool()].tolist() for row, mask in zip(batch.input_ids, batch.attention_mask, strict=True)]
+    steps = [step_of(r.step) for g in groups for r in g.responses]
     return rows, batch.rewards, batch.group_ids, algo.turn_advantages(batch.rewards, batch.group_ids,
-                                                                      turn_steps(groups))
+                                                                      turn_steps(groups)), steps
+
+
+def step_of(step) -> tuple:
+    """What a turn row says about its step, less the episode's number (each backend numbers episodes its own way)."""
+    return step.index, step.reward, step.anchor, step.penalty
 
 
 def openrlhf_rows(task, tokenizer, args):
@@ -119,13 +126,14 @@ def openrlhf_rows(task, tokenizer, args):
                                                         generate=player.generate)))
             assert len(response[TURNS_KEY]) == response["extra_logs"]["turns"]
             episodes.append(generator._process_response_into_experience(response, max_len=MAX_LENGTH))
+    steps = [step_of(step) for e in episodes for _, step in generator.turns[id(e)]]
     rows = lay_out_turns([generator.turns.pop(id(e)) for e in episodes], EPISODES)
     maker = MmrlExperienceMaker(None, None, None, None, None, SimpleNamespace(args=args),
                                 SimpleNamespace(pad_token_id=tokenizer.pad_token_id), mmrl_spec=args.mmrl)
     experiences = maker.split_rollout_samples(rows)
     for e in experiences:  # the policy's forward would give π_old here; the advantages do not read it
         e.action_log_probs = torch.zeros(e.action_mask.shape)
-    return maker.compute_advantages_and_returns(experiences)
+    return maker.compute_advantages_and_returns(experiences), steps
 
 
 # verl-agent's order for the invalid-action penalty (the ALFWorld recipes): the penalties must reach both backends
@@ -144,8 +152,10 @@ def test_turn_rows_and_advantages_equal_the_local_backends(name, flags, tmp_path
                         *[f"--task.{k}={v}" for k, v in TASK_OPTIONS.items()]])
     args = resolve_launch(cfg, write=False).args
     algo = algos.get(name, **args.mmrl.params)
-    want_rows, want_rewards, want_groups, want_adv = local_rows(task, tokenizer, algo)
-    shares = openrlhf_rows(task, tokenizer, args)
+    want_rows, want_rewards, want_groups, want_adv, want_steps = local_rows(task, tokenizer, algo)
+    shares, got_steps = openrlhf_rows(task, tokenizer, args)
+    # each turn's env reward, invalid-action penalty and anchor state, episode by episode in play order
+    assert got_steps == want_steps and any(penalty for *_, penalty in want_steps)
     assert len(shares) == 2  # one experience per policy rank
     got_rows = [row[mask.bool()].tolist() for e in shares for row, mask in zip(e.sequences, e.attention_mask,
                                                                                 strict=True)]
@@ -157,7 +167,7 @@ def test_turn_rows_and_advantages_equal_the_local_backends(name, flags, tmp_path
     torch.testing.assert_close(got_adv.float(), want_adv.float(), atol=1e-6, rtol=1e-6)
     assert want_adv.abs().sum() > 0  # the player's episodes differ: the case carries signal
     if flags:  # the player's malformed turns make the penalty's place matter
-        _, _, _, by_episode = local_rows(task, tokenizer, algos.get(name, episode_scope="turn"))
+        _, _, _, by_episode, _ = local_rows(task, tokenizer, algos.get(name, episode_scope="turn"))
         assert not torch.allclose(want_adv, by_episode)
 
 
@@ -212,3 +222,54 @@ def test_a_rank_with_fewer_rows_runs_idle_micro_batches():
     batches = trainer.micro_batches(items, torch.Generator().manual_seed(0), 4)
     assert sorted(int(b.action_mask.sum()) for b in batches) == [0, 0, 1, 2]
     assert [int(b.action_mask.sum()) for b in batches[2:]] == [0, 0]  # the idle ones come last
+
+
+class ContextPlayer(Player):
+    """The player of the episode layout, where a turn's prompt is the whole episode so far: the local driver's policy
+    reads each episode's context, the rollout engine the tokens OpenRLHF's executor sends."""
+
+    def policy(self, episodes):
+        return [Turn(tokens, text, True) for text, tokens in (self.turn_tokens(ep.context) for ep in episodes)]
+
+    async def generate(self, prompt_ids, params, multi_modal_data=None):  # OpenRLHF's executor passes images
+        return await super().generate(prompt_ids, params)
+
+
+def test_episode_layout_samples_equal_the_local_backends():
+    """The episode layout: OpenRLHF's own multi-turn executor over the agent file (the openrlhf backend's episode
+    driver) makes, from the same games, seeds and player, the local driver's sample: the same tokens (the chat turns
+    of the tokenizer's template on both sides), the same trained tokens, return, score and episode logs."""
+    task = get_task("alfworld", **TASK_OPTIONS)
+    tokenizer = load_tokenizer(AGENT)
+    renderer = TurnRenderer(tokenizer, task.system_prompt)
+    executor = EpisodeAgentExecutor(env_workers=0)
+    generator = object.__new__(MmrlSamplesGenerator)
+    generator.turns = {}
+    returns = set()
+    for game, label in enumerate(episode_rows(task, task.train[:GAMES], 0, "episode")):
+        label = json.dumps({k: v for k, v in label.items() if k != "messages"})
+        local_player, remote_player = ContextPlayer(tokenizer), ContextPlayer(tokenizer)
+        for _ in range(EPISODES):  # the nth episode of a game gets the player's nth picks on both sides
+            local = Episode(task.make_env(task.train[game], "episode"), seed=game)
+            run_episodes([local], renderer, local_player.policy, MAX_LENGTH)
+            response = asyncio.run(executor.execute("", label, SamplingParams(max_tokens=64, logprobs=None),
+                                                    MAX_LENGTH, tokenizer, SimpleNamespace(
+                                                        generate=remote_player.generate)))
+            assert local.outcome == "done" and local.steps > 1
+            assert response["observation_tokens"] == local.prompt_ids + local.token_ids
+            trained = [0] * len(response["observation_tokens"])
+            for start, end in response["action_ranges"]:
+                trained[start:end] = [1] * (end - start)
+            assert trained == [0] * len(local.prompt_ids) + local.loss_mask
+            assert response["reward"] == pytest.approx(sum(local.rewards))
+            assert response["scores"] == float(local.won)
+            assert response["extra_logs"] == local.logs(len(local.actions))
+            # mmrl's samples generator makes the row the update trains on: the local row's tokens, and its loss mask
+            # as OpenRLHF's action mask (which marks the tokens after the first)
+            experience = generator._process_response_into_experience(response, max_len=MAX_LENGTH)
+            assert experience.sequences.reshape(-1).tolist() == local.prompt_ids + local.token_ids
+            assert experience.action_mask.reshape(-1).tolist() == [bool(m) for m in trained[1:]]
+            assert experience.rewards.reshape(-1).tolist() == pytest.approx([sum(local.rewards)])
+            returns.add(round(sum(local.rewards), 3))
+    assert len(returns) > 1  # the player's malformed turns are penalised: the episodes' returns differ
+    executor.close()

@@ -123,3 +123,20 @@ def test_a_broken_summary_is_named_with_its_missing_field(tmp_path):
 def test_a_non_finite_value_is_refused():
     with pytest.raises(ValueError, match="not finite"):
         summary.result_row("x", "lift", {0: float("nan")})
+
+
+@pytest.mark.parametrize(("df", "table"), [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042)])
+def test_the_t_quantile_matches_the_tables(df, table):
+    assert summary.t_quantile(0.975, df) == pytest.approx(table, abs=1e-3)
+
+
+def test_a_paired_row_is_the_seed_by_seed_difference_with_its_t_interval(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    arm, base = {0: 0.30, 1: 0.25, 2: 0.40, 3: 0.9}, {0: 0.20, 1: 0.25, 2: 0.20}  # seed 3 has no partner
+    row = summary.paired_row("gigpo", "success minus grpo's (same seed)", arm, base, algo="gigpo")
+    assert row["values"] == pytest.approx({"0": 0.1, "1": 0.0, "2": 0.2}) and row["n"] == 3
+    half = 4.303 * 0.1 / 3**0.5  # t(0.975, 2) × standard error
+    assert row["ci"] == pytest.approx([0.1 - half, 0.1 + half], abs=1e-3) and row["ci_level"] == 0.95
+    assert "ci" not in summary.paired_row("one seed", "difference", {0: 0.3}, {0: 0.2})
+    summary.write_summary(tmp_path / "paired", "A paired claim", [row], seeds=[0, 1, 2], command="python x.py")
+    assert "| 0.100 (95% CI -0.148 … 0.348) |" in report.render(tmp_path)

@@ -14,9 +14,9 @@ pytest.importorskip("alfworld")
 pytest.importorskip("mmrl.envs.alfworld")
 
 from mmrl.batch import Group, collate  # noqa: E402
+from mmrl.envs.episode import TurnRenderer  # noqa: E402
 from mmrl.models import load_tokenizer  # noqa: E402
 from mmrl.run.build import build_algorithm  # noqa: E402
-from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.train import parse_config  # noqa: E402
 from mmrl.trainer.episodes import Episode, run_episodes  # noqa: E402

@@ -17,8 +17,8 @@ import torch
 pytest.importorskip("alfworld")
 
 from mmrl.envs.alfworld import AlfWorldEnv  # noqa: E402
+from mmrl.envs.episode import TurnRenderer  # noqa: E402
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
-from mmrl.run.prompts import TurnRenderer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
 from mmrl.trainer.episodes import Episode, model_policy, run_episodes  # noqa: E402
 from mmrl.trainer.turn_sampler import CachedTurnSampler  # noqa: E402

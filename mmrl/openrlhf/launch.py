@@ -205,18 +205,15 @@ def agent_file(task_name: str, layout: str = "episode") -> str:
 def episode_rows(task, rows: list[dict[str, Any]], seed: int, layout: str = "episode") -> list[dict[str, Any]]:
     """Rows of a multi-turn task as the agent file reads them (``mmrl.envs.adapters.openrlhf_agent.parse_label``): the
     label carries the game, a reset seed fixed per game (a group's episodes start identically, as in the local
-    trainer) and the env settings of the agent ``layout`` (the turn layout's: the env's self-contained observations,
-    and the task's system prompt for the turn renderer). The env writes the first prompt, so the chat is only the
-    placeholder OpenRLHF's prompt dataset needs."""
+    trainer), the env settings of the agent ``layout`` (the turn layout's: the env's self-contained observations) and
+    the task's system prompt, which both layouts' chat turns open with, as the local trainer's do. The env writes the
+    first prompt, so the chat is only the placeholder OpenRLHF's prompt dataset needs."""
     out = []
     for i, row in enumerate(rows):
         env = dict(task.kwargs_for(row, layout))
         game = env.pop("game_path")
-        label = {"messages": [{"role": "user", "content": f"{task.name} game {game}"}], "game_path": game,
-                 "seed": seed * 1_000_003 + i, "env": env, "chat": "chatml"}
-        if layout == "turn":
-            label["system"] = task.system_prompt
-        out.append(label)
+        out.append({"messages": [{"role": "user", "content": f"{task.name} game {game}"}], "game_path": game,
+                    "seed": seed * 1_000_003 + i, "env": env, "chat": "template", "system": task.system_prompt})
     return out
 
 

@@ -8,9 +8,11 @@ sequence (env tokens masked), this executor plays the episode as the local backe
 
 * the env runs in its self-contained observation mode (the label's ``env`` holds ``EnvTask.turn_env_kwargs``), so
   every observation is the task, the last turns and the current state (verl-agent's window prompt);
-* each turn's prompt is that observation rendered by :class:`~mmrl.run.prompts.TurnRenderer` (the local
+* each turn's prompt is that observation rendered by :class:`~mmrl.envs.episode.TurnRenderer` (the local
   backend's renderer: the tokenizer's own chat template, the task's system prompt) and its response is the model's
   action, stepped into the env as the text decoded without special tokens;
+* the episode's outcome, rewards, counters, anchors and invalid-action penalties are kept by
+  :class:`~mmrl.envs.episode.EpisodeRecord`, as the local backend's are;
 * a turn that does not fit ``max_length`` (prompt + turn) ends the episode truncated, trained with the return so far;
   a next prompt that does not fit ends it truncated too; an env that raises ``EnvError`` ends it as failed, and a
   failed episode gives no rows (the local trainer leaves it out of the update too).
@@ -33,8 +35,8 @@ from openrlhf.utils.agent import AgentExecutorBase
 from mmrl.batch import TurnStep
 from mmrl.envs.adapters.openrlhf_agent import _in_thread, make_env, parse_label
 from mmrl.envs.base import EnvError
+from mmrl.envs.episode import EpisodeRecord, TurnRenderer
 from mmrl.envs.pool import EnvPool
-from mmrl.run.prompts import TurnRenderer
 
 TURNS_KEY = "mmrl_turns"  # the episode response's turns, each a response dict with its TurnStep under STEP_FIELD
 STEP_FIELD = "mmrl_step"
@@ -51,15 +53,9 @@ class PlayedTurn:
     cut: bool = False  # generation hit the length limit
 
 
-@dataclasses.dataclass
-class PlayedEpisode:
+@dataclasses.dataclass(kw_only=True)
+class PlayedEpisode(EpisodeRecord):
     turns: list[PlayedTurn] = dataclasses.field(default_factory=list)
-    rewards: list[float] = dataclasses.field(default_factory=list)
-    valid_actions: int = 0
-    well_formed: int = 0
-    won: bool = False
-    outcome: str = ""  # "done" | "truncated" | "failed"
-    error: str = ""
     first_prompt: list[int] = dataclasses.field(default_factory=list)
 
 
@@ -77,14 +73,12 @@ async def play_episode(env_call, env, renderer: TurnRenderer, seed, generate, sa
     try:
         observation, info = await env_call(env.reset, seed)
     except EnvError as err:
-        played.outcome, played.error = "failed", f"EnvError: {err}"
+        played.fail(err)
         return played
-    anchor = str(info.get("anchor", observation))
+    played.started(observation, info)
     prompt_ids = renderer.prompt_ids(observation)
     played.first_prompt = prompt_ids
-    if len(prompt_ids) >= max_length:
-        played.outcome = "failed"
-        played.error = f"the first prompt has {len(prompt_ids)} tokens, the turn budget is {max_length}"
+    if not played.fits(len(prompt_ids), max_length, first=True, budget_name="the turn budget"):
         return played
     decode = renderer.tokenizer.decode
     budget = sampling_params.max_tokens or max_length
@@ -94,29 +88,22 @@ async def play_episode(env_call, env, renderer: TurnRenderer, seed, generate, sa
         params.max_tokens = min(budget, room)
         output = (await generate(prompt_ids, params)).outputs[0]
         tokens = list(output.token_ids)
-        turn = PlayedTurn(list(prompt_ids), tokens, _sampled_logprobs(output, tokens), anchor,
+        turn = PlayedTurn(list(prompt_ids), tokens, _sampled_logprobs(output, tokens), played.anchor,
                           cut=output.finish_reason == "length")
         played.turns.append(turn)
         if turn.cut and room < budget:  # the turn itself does not fit: it trains with the return so far, unstepped
-            played.outcome = "truncated"
+            played.end("truncated")
             break
         try:
             result = await env_call(env.step, decode(tokens, skip_special_tokens=True))
         except EnvError as err:
-            played.outcome, played.error = "failed", f"EnvError: {err}"
+            played.fail(err)
             break
-        turn.reward = float(result.reward)
-        turn.penalty = float(result.info.get("penalty", 0.0))
-        played.rewards.append(turn.reward)
-        played.valid_actions += bool(result.info.get("action_valid", False))
-        played.well_formed += bool(result.info.get("format_ok", False))
-        if result.done:
-            played.won, played.outcome = bool(result.info.get("won", False)), "done"
+        turn.reward, turn.penalty = float(result.reward), played.stepped(result)
+        if played.outcome:
             break
-        anchor = str(result.info.get("anchor", result.observation))
         prompt_ids = renderer.prompt_ids(result.observation)
-        if len(prompt_ids) >= max_length:
-            played.outcome = "truncated"
+        played.fits(len(prompt_ids), max_length)
     return played
 
 
@@ -135,11 +122,8 @@ def turn_response(prompt: str, label: str, turn_prompt: list[int], tokens: list[
 
 def episode_response(prompt: str, label: str, played: PlayedEpisode, with_logprobs: bool) -> dict[str, Any]:
     """The episode as one response (its last turn; what evaluation reads) and its turns under :data:`TURNS_KEY`."""
-    steps = max(len(played.rewards), 1)
     ret, score = float(sum(played.rewards)), 1.0 if played.won else 0.0
-    logs = {"won": score, "env_failed": float(played.outcome == "failed"), "turns": float(len(played.turns)),
-            "format_rate": played.well_formed / steps, "valid_action_rate": played.valid_actions / steps,
-            "episode_truncated": float(played.outcome == "truncated")}
+    logs = played.logs(len(played.turns))
     last = played.turns[-1] if played.turns else PlayedTurn(played.first_prompt, [], None, "")
     out = turn_response(prompt, label, last.prompt_ids, last.token_ids, last.logprobs, with_logprobs, ret, score,
                         last.cut, logs)
@@ -186,7 +170,8 @@ class AgentExecutor(AgentExecutorBase):
             env = self.pool.env(game_path=spec["game_path"], **spec["env"]) if self.pool is not None else \
                 make_env(spec)
         except EnvError as err:  # an unreadable game fails its episode only, as in the local trainer
-            played = PlayedEpisode(outcome="failed", error=f"EnvError: {err}")
+            played = PlayedEpisode()
+            played.fail(err)
             return self._respond(prompt, label, played, renderer, sampling_params)
         try:
             played = await play_episode(env_call, env, renderer, spec["seed"], llm_engine.generate, sampling_params,

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 import mmrl.algos as algos
 from mmrl.envs.base import EnvError
+from mmrl.envs.episode import TurnRenderer
 from mmrl.errors import UserError
 from mmrl.models import is_embedded, load_model
 from mmrl.models.loading import load_vision_processor
@@ -25,7 +26,7 @@ from mmrl.models.lora import LoraSettings, parse_targets
 from mmrl.rewards import RewardModelScorer, weighted
 from mmrl.run.config import TrainConfig, validate
 from mmrl.run.eval_sets import EvalSet, build_eval_sets
-from mmrl.run.prompts import TurnRenderer, check_prompts, encode_prompt, task_has_images
+from mmrl.run.prompts import check_prompts, encode_prompt, task_has_images
 from mmrl.tasks import Task, get_task
 from mmrl.tasks.base import EnvTask, options_for_model, sample_place
 

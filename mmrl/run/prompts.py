@@ -1,7 +1,6 @@
-"""Prompt rendering both backends share: a row's chat-templated prompt (`encode_prompt`), the chat-template pieces of
-a multi-turn episode (`TurnRenderer`), and the start-up checks of prompts with images (`task_has_images`,
-`check_prompts`). Tokenizer and processor only: no model, so the OpenRLHF backend renders a turn exactly as the local
-trainer does.
+"""Prompt rendering both backends share: a row's chat-templated prompt (`encode_prompt`) and the start-up checks of
+prompts with images (`task_has_images`, `check_prompts`). Tokenizer and processor only, no model. A multi-turn
+episode's chat-template pieces are `mmrl.envs.episode.TurnRenderer`.
 """
 
 from __future__ import annotations
@@ -35,53 +34,6 @@ def encode_prompt(tokenizer, messages: list[dict], max_prompt_tokens: int) -> li
         raise UserError(f"rollout.max_prompt_tokens: a prompt has {len(ids)} tokens, more than {max_prompt_tokens}")
     return ids
 
-
-
-_USER_SLOT, _ASSISTANT_SLOT = "\x00USER\x00", "\x00ASSISTANT\x00"
-
-
-class TurnRenderer:
-    """The chat-template pieces of an episode, derived once from the tokenizer's own template.
-
-    ``prompt_ids(first_observation)`` is the chat-templated first user turn with the generation prompt.
-    ``feedback_ids(observation, closed)`` is what follows a model turn: the rest of the template's end-of-turn (after
-    the stop token the model emitted, when ``closed``), the observation as a user turn, and the next assistant header.
-    Derived by rendering a placeholder conversation, so any ChatML-like template works (Qwen, SmolLM2, ...); a
-    template that re-renders earlier turns differently (e.g. strips reasoning) does not matter, since the sequence is
-    built from tokens, never re-rendered.
-    """
-
-    def __init__(self, tokenizer, system_prompt: str | None = None):
-        self.tokenizer = tokenizer
-        self.system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        if not getattr(tokenizer, "chat_template", None):
-            raise UserError("multi-turn tasks need a tokenizer with a chat template")
-        base = self.system + [{"role": "user", "content": "u"}, {"role": "assistant", "content": _ASSISTANT_SLOT}]
-        closed = self._render(base, generation_prompt=False)
-        extended = self._render(base + [{"role": "user", "content": _USER_SLOT}], generation_prompt=True)
-        if not extended.startswith(closed) or _USER_SLOT not in extended[len(closed):]:
-            raise UserError("the tokenizer's chat template does not render a conversation as a prefix of its "
-                             "continuation; multi-turn episodes need one that does")
-        end_of_turn = closed[closed.index(_ASSISTANT_SLOT) + len(_ASSISTANT_SLOT):]
-        before, _, after = extended[len(closed):].partition(_USER_SLOT)
-        self.end_of_turn = end_of_turn  # e.g. "<|im_end|>\n"
-        self.before_observation, self.after_observation = before, after
-
-    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def prompt_ids(self, first_observation: str) -> list[int]:
-        return self.encode(self._render(self.system + [{"role": "user", "content": first_observation}], True))
-
-    def feedback_ids(self, observation: str, stop_text: str | None) -> list[int]:
-        """Tokens after a model turn. ``stop_text``: the decoded stop token the turn ended with (None: cut short)."""
-        tail = self.end_of_turn
-        if stop_text and tail.startswith(stop_text):
-            tail = tail[len(stop_text):]  # the model already closed its turn with the template's own stop token
-        return self.encode(tail + self.before_observation + observation + self.after_observation)
 
 
 def task_has_images(task: Any, probe: int = 32) -> bool:

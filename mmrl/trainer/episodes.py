@@ -14,7 +14,9 @@ exactly the prefix the trainer re-scores it with, so π_old re-scoring reproduce
 (``policy``), then their env steps run concurrently (``asyncio.gather``; an :class:`~mmrl.envs.base.TextEnv` that runs
 its engine elsewhere, like the env pool, steps in parallel). A policy is any function from running episodes to their
 next turns: the sampling model (:func:`model_policy`) for RL and evaluation, or scripted expert text for the SFT
-warm-up (mmrl/trainer/sft.py), so demonstrations are rendered by the very same code as rollouts.
+warm-up (mmrl/trainer/sft.py), so demonstrations are rendered by the very same code as rollouts. The chat pieces
+(:class:`~mmrl.envs.episode.TurnRenderer`) and the episode's bookkeeping (:class:`~mmrl.envs.episode.EpisodeRecord`)
+are the ones the openrlhf backend's drivers use too (mmrl/envs/episode.py).
 
 How an episode ends (``Episode.outcome``): ``done`` (the env says so: won, lost or its step limit), ``truncated``
 (the next turn or feedback would pass ``max_episode_tokens``), or ``failed`` (the env raised
@@ -41,8 +43,8 @@ from typing import Any
 
 from mmrl.batch import Response, TurnStep
 from mmrl.envs.base import EnvError, TextEnv
+from mmrl.envs.episode import EpisodeRecord, TurnRenderer
 from mmrl.rewards.base import RewardResult
-from mmrl.run.prompts import TurnRenderer
 from mmrl.trainer.rollout import generate
 from mmrl.trainer.turn_sampler import CachedTurnSampler, Turn
 
@@ -64,9 +66,11 @@ LAYOUTS = ("episode", "turn")
 
 
 @dataclasses.dataclass
-class Episode:
+class Episode(EpisodeRecord):
     """One episode being played. ``env`` is a TextEnv or a function building one: building happens inside the
-    driver, so an env that cannot even be built (``EnvError``, e.g. an unreadable game) fails only its episode."""
+    driver, so an env that cannot even be built (``EnvError``, e.g. an unreadable game) fails only its episode. Its
+    outcome, rewards, counters and anchor are kept by :class:`~mmrl.envs.episode.EpisodeRecord`, as every driver's
+    are."""
 
     env: TextEnv | Callable[[], TextEnv] | None
     seed: int | None = None
@@ -78,27 +82,12 @@ class Episode:
     actions: list[str] = dataclasses.field(default_factory=list)  # the model's raw turn texts
     observations: list[str] = dataclasses.field(default_factory=list)  # the env's texts: first prompt, then feedback
     info: dict[str, Any] = dataclasses.field(default_factory=dict)  # the env's info of the last reset / step
-    rewards: list[float] = dataclasses.field(default_factory=list)  # per env step
-    valid_actions: int = 0
-    well_formed: int = 0
-    task_type: str = ""
-    won: bool = False
-    outcome: str = ""  # "" while running; then "done" | "truncated" | "failed"
-    error: str = ""  # why it failed
     layout: str = "episode"  # "turn": each turn re-prompts from the env's self-contained observation
     turns: list[TurnSample] = dataclasses.field(default_factory=list)  # the turn layout's samples
-    anchor: str = ""  # the turn layout: the state the next turn is taken in
 
     @property
     def context(self) -> list[int]:
         return self.prompt_ids + self.token_ids
-
-    @property
-    def steps(self) -> int:
-        return len(self.rewards)
-
-    def end(self, outcome: str, error: str = "") -> None:
-        self.outcome, self.error = outcome, error
 
     @property
     def largest_context(self) -> int:
@@ -107,11 +96,8 @@ class Episode:
             return max((len(t.prompt_ids) + len(t.token_ids) for t in self.turns), default=len(self.prompt_ids))
         return len(self.context)
 
-    def summary(self) -> dict[str, Any]:
-        steps = max(self.steps, 1)
-        return {"won": self.won, "task_type": self.task_type, "outcome": self.outcome, "steps": self.steps,
-                "valid_action_rate": self.valid_actions / steps, "format_rate": self.well_formed / steps,
-                "return": sum(self.rewards), "tokens": self.largest_context, "error": self.error}
+    def summary(self, tokens: int | None = None) -> dict[str, Any]:
+        return super().summary(self.largest_context if tokens is None else tokens)
 
     def reward(self) -> RewardResult:
         """The episode's return as a reward; ``success``/``format``/``valid_action`` are its reported components."""
@@ -184,48 +170,37 @@ async def _reset(ep: Episode, renderer: TurnRenderer, max_tokens: int, timeout: 
             ep.env = ep.env()
         except EnvError as exc:
             ep.env = None
-            ep.end("failed", f"EnvError: {exc}")
+            ep.fail(exc)
             return
     result, error = await _guarded(ep.env.reset(seed=ep.seed, options=ep.options), timeout)
     if result is None:
-        ep.end("failed", error)
+        ep.fail(error)
         return
     observation, info = result
     ep.observations.append(observation)
     ep.info = info
-    ep.task_type = str(info.get("task_type", ""))
-    ep.anchor = str(info.get("anchor", observation))
+    ep.started(observation, info)
     ep.prompt_ids = renderer.prompt_ids(observation)
-    if len(ep.prompt_ids) >= max_tokens:
-        ep.end("failed", f"the first prompt has {len(ep.prompt_ids)} tokens, max_episode_tokens is {max_tokens}")
+    ep.fits(len(ep.prompt_ids), max_tokens, first=True, budget_name="max_episode_tokens")
 
 
 async def _step(ep: Episode, turn: Turn, renderer: TurnRenderer, stop_text: str | None, max_tokens: int,
                 timeout: float | None) -> None:
     result, error = await _guarded(ep.env.step(turn.text), timeout)
     if result is None:
-        ep.end("failed", error)
+        ep.fail(error)
         return
-    info = result.info
     ep.observations.append(result.observation)
-    ep.info = info
-    ep.rewards.append(float(result.reward))
-    ep.valid_actions += bool(info.get("action_valid", False))
-    ep.well_formed += bool(info.get("format_ok", False))
-    ep.task_type = str(info.get("task_type", ep.task_type))
+    ep.info = result.info
+    penalty = ep.stepped(result)
     if ep.layout == "turn":
-        ep.turns[-1].reward = float(result.reward)
-        ep.turns[-1].penalty = float(info.get("penalty", 0.0))
-    if result.done:
-        ep.won = bool(info.get("won", False))
-        ep.end("done")
+        ep.turns[-1].reward, ep.turns[-1].penalty = float(result.reward), penalty
+    if ep.outcome:
         return
     if ep.layout == "turn":  # the next turn reads the env's self-contained observation afresh
-        ep.anchor = str(info.get("anchor", result.observation))
         ep.prompt_ids = renderer.prompt_ids(result.observation)
         ep.token_ids, ep.loss_mask, ep.sampler_logprobs = [], [], []  # only the current turn, as its prompt
-        if len(ep.prompt_ids) >= max_tokens:
-            ep.end("truncated")
+        ep.fits(len(ep.prompt_ids), max_tokens)
         return
     feedback = renderer.feedback_ids(result.observation, stop_text)
     if len(ep.context) + len(feedback) >= max_tokens:  # no room for the feedback and a next turn

@@ -21,7 +21,8 @@ import torch
 from tqdm import tqdm
 
 from mmrl.batch import Group
-from mmrl.run.prompts import TurnRenderer, encode_prompt
+from mmrl.envs.episode import TurnRenderer
+from mmrl.run.prompts import encode_prompt
 from mmrl.run.scoring import pass_at_k
 from mmrl.tasks.base import EnvTask, Task
 from mmrl.trainer.episodes import Episode, episode_metrics, model_policy, run_episodes

@@ -38,6 +38,7 @@ from tqdm import tqdm
 import mmrl.algos as algos
 from mmrl import moe
 from mmrl.batch import Group, RolloutBatch
+from mmrl.envs.episode import TurnRenderer
 from mmrl.errors import Interrupted, UserError, checkpoint_note
 from mmrl.models import load_tokenizer
 from mmrl.models.lora import FrozenBase, add_lora, load_policy_weights, policy_weights
@@ -57,7 +58,6 @@ from mmrl.run.eval_sets import EvalSet
 from mmrl.run.loggers import RunLoggers
 from mmrl.run.masking import masked_config
 from mmrl.run.metrics import MetricsLog, plot_curves, read_metrics
-from mmrl.run.prompts import TurnRenderer
 from mmrl.run.run_dir import RunDir, claim, refuse_finished
 from mmrl.run.schedule import build_scheduler
 from mmrl.samples import SAMPLES_FILE, RunSamples, group_records

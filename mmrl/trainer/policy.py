@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from mmrl.envs.episode import TurnRenderer
 from mmrl.models.lora import LoraSettings
-from mmrl.run.prompts import TurnRenderer
 
 
 @dataclasses.dataclass

@@ -29,9 +29,9 @@ import torch
 from tqdm import tqdm
 
 from mmrl.batch import Group, collate
+from mmrl.envs.episode import TurnRenderer
 from mmrl.errors import UserError
 from mmrl.run.config import TrainConfig
-from mmrl.run.prompts import TurnRenderer
 from mmrl.tasks.base import EnvTask
 from mmrl.trainer.episodes import Episode, run_episodes
 from mmrl.trainer.rollout import ROW_BY_ROW_MIN_WIDTH, response_logprobs
