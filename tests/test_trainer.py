@@ -91,13 +91,13 @@ def test_dynamic_sampling_resamples_until_every_group_is_valid(tmp_path, embedde
     assert valid == sorted(valid, reverse=True)
     if not all(valid):
         assert info["resample_rounds"] == 2
-    assert trainer.sampler.pos >= 4 * (1 + info["resample_rounds"]) or trainer.sampler.order
+    assert trainer.rollouts.sampler.pos >= 4 * (1 + info["resample_rounds"]) or trainer.rollouts.sampler.order
     assert build_trainer(small_config(tmp_path / "off", **{"algo.name": "grpo"})).collect_rollouts()[1] == {}
 
 
 def test_overlong_shaping_lowers_the_rewards_the_update_trains_on(tmp_path, embedded_model_dir, small_config):
-    """DAPO's overlong shaping in the local loop: the batch's rewards are the task's plus Eq. 13's penalty of each
-    response's length against the generation budget (L_max); the logged reward stays the task's."""
+    """DAPO's overlong shaping in the local loop: the advantages are the objective's on the task's rewards plus Eq. 13's
+    penalty of each response's length against the generation budget (L_max); the batch keeps the task's rewards."""
     from mmrl.algos.base import overlong_penalty
 
     cfg = small_config(tmp_path, **{"algo.name": "grpo", "algo.overlong_buffer": 12})  # the whole budget
@@ -110,8 +110,8 @@ def test_overlong_shaping_lowers_the_rewards_the_update_trains_on(tmp_path, embe
     assert trainer.algo.max_length == budget
     penalty = overlong_penalty(lengths, budget, 12)
     assert (penalty < 0).all()
-    torch.testing.assert_close(batch.rewards, raw + penalty)
-    assert torch.equal(batch.advantages, trainer.algo.advantages(batch.rewards, batch.group_ids))
+    torch.testing.assert_close(batch.rewards, raw)
+    torch.testing.assert_close(batch.advantages, trainer.algo.advantages(raw + penalty, batch.group_ids))
 
 
 def test_gvpo_replays_historical_responses(tmp_path, embedded_model_dir, small_config):
