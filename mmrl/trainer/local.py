@@ -75,7 +75,7 @@ from mmrl.trainer.rollout import (
     response_logprobs,
     score_groups,
 )
-from mmrl.trainer.run_dir import RunDir, claim, refuse_finished
+from mmrl.trainer.run_dir import RunDir, claim, refuse_edited_config, refuse_finished
 from mmrl.trainer.schedule import build_scheduler
 from mmrl.trainer.sft import run_demonstrations, warm_up
 from mmrl.trainer.vision_prompts import PromptCache, prompts_vision
@@ -528,7 +528,9 @@ class Trainer:
     def checkpoint(self) -> Path:
         state = {**policy_weights(self.model, lora_settings(self.cfg)), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
-                 "history": self.history.state_dict()}
+                 "history": self.history.state_dict(),
+                 # the config the weights are trained under: a resume refuses a config.json edited since
+                 "config": masked_config(self.cfg.to_dict())}
         self.writing_checkpoint = True
         try:
             path = save_checkpoint(self.run_dir, self.step, state, self.cfg.run.keep_checkpoints)
@@ -544,7 +546,7 @@ class Trainer:
         if bool(state.get("lora")) != (lora_settings(self.cfg) is not None):
             raise UserError(f"config: {path} was written {'with' if state.get('lora') else 'without'} LoRA "
                              f"adapters; resume with the model.lora_* settings it was written with")
-        load_policy_weights(self.model, state)
+        load_policy_weights(self.model, state, path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
@@ -895,6 +897,7 @@ def _restore_resumed(cfg: TrainConfig, trainer: Trainer, resumed: tuple[Path, di
     existing, state, unreadable = resumed
     for path in unreadable:
         log.warning("set aside as %s", set_aside(path))
+    refuse_edited_config(trainer.run_dir, state.get("config"), existing)
     trainer.restore(state, existing)
     refuse_finished(cfg, trainer.step, existing)
     log.info("resumed from %s at step %d", existing, trainer.step)
