@@ -27,6 +27,6 @@ def expand_path(field: str, text: str) -> str:
     left = _VARIABLE.search(os.path.expandvars(text))
     if left is not None:
         name = left.group(1).strip("{}")
-        raise UserError(f"{field}: {text!r} names the environment variable ${name}, which is not set (paths expand "
+        raise UserError(f"{field}: {text!r} names the environment variable ${name}, which is not set (in a path, "
                         f"{RULE})")
     return expanded

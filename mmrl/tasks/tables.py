@@ -194,15 +194,20 @@ def _lone_surrogate(value: Any, where: str = "") -> tuple[str, str] | None:
 
 def _json_value(text: str, path: Path, line: int, field: str) -> Any:
     value = _parsed_json(text, path, line, field)
+    if "\\u" not in text:  # only an escape writes a lone surrogate in UTF-8 text
+        return value
+    items = enumerate(value) if isinstance(value, list) else [(None, value)]
     try:
-        lone = _lone_surrogate(value) if "\\u" in text else None  # only an escape writes one in UTF-8 text
+        for item, row in items:
+            lone = _lone_surrogate(row)
+            if lone is not None:
+                where, point = lone
+                lines = text.count("\n", 0, max(text.lower().find(point), 0))
+                place = "" if item is None else f" item {item} (items count from 0)"
+                raise UserError(f"{field}: {path} line {line + lines}{place} field {where!r} holds {point}, half of "
+                                "a UTF-16 surrogate pair and no character; write the whole pair or the character")
     except RecursionError:
         raise UserError(f"{field}: {path} line {line} nests JSON too deeply") from None
-    if lone is not None:
-        where, point = lone
-        lines = text.count("\n", 0, max(text.lower().find(point), 0))
-        raise UserError(f"{field}: {path} line {line + lines} field {where!r} holds {point}, half of a UTF-16 "
-                        "surrogate pair and no character; write the whole pair or the character")
     return value
 
 
