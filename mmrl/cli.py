@@ -144,6 +144,13 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 1
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # a folder made read-only or taken away meanwhile
+            if debug():
+                traceback.print_exc()
+            where = printable(str(exc.filename)) if exc.filename else "an output file"
+            print(f"error: cannot use {where}: {os.strerror(exc.errno)} (a file or folder this command reads or "
+                  "writes was made read-only, or another user's)", file=sys.stderr)
+            return 1
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         print(f"error: no space left on the device of {exc.filename or 'an output file'}", file=sys.stderr)

@@ -382,3 +382,16 @@ def test_alfworld_resets_do_not_block_the_event_loop(alfworld_games):
         return longest[0] / total
 
     assert asyncio.run(main()) < 0.6  # the loop went on while the games loaded (before: one stall of all of it)
+
+
+def test_a_permission_error_while_running_is_one_line(capsys):
+    from mmrl.cli import run_cli
+
+    def main(argv):
+        raise PermissionError(13, "Permission denied", "/runs/r/.mmrl-run.json.1234.tmp")
+
+    assert run_cli(main, []) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["error: cannot use /runs/r/.mmrl-run.json.1234.tmp: Permission denied (a file "
+                                        "or folder this command reads or writes was made read-only, or another "
+                                        "user's)"]
