@@ -258,9 +258,10 @@ def _decode_line(data: bytes, path: Path, number: int, field: str) -> str:
                          f"at column {exc.start + 1}); re-save the file as UTF-8") from None
 
 
-# Rows are held in memory (a run draws from all of them): a data file past this many bytes is refused before it is
-# read, since reading it would take several times its size. MMRL_MAX_DATA_MB raises or lowers it.
-DEFAULT_MAX_DATA_MB = 512
+# Rows are held in memory (a run draws from all of them), about five times a file's size for short rows (a 256 MiB
+# jsonl of 440-byte rows peaked at 1.3 GB read line by line): a data file past this many MiB is refused before it is
+# read. MMRL_MAX_DATA_MB raises or lowers it.
+DEFAULT_MAX_DATA_MB = 256
 
 
 def max_data_bytes() -> int:
@@ -276,8 +277,8 @@ def _check_size(path: Path, field: str) -> None:
     size, limit = path.stat().st_size, max_data_bytes()
     if size > limit:
         raise UserError(f"{field}: {path} is {size / 2**20:.0f} MiB, more than the {limit >> 20} MiB a data file may "
-                         f"be (its rows are held in memory, which takes about three times the file's size); keep the "
-                         f"rows the run needs in a smaller file, or raise MMRL_MAX_DATA_MB")
+                         f"be (its rows are held in memory, which takes up to about five times the file's size); keep "
+                         f"the rows the run needs in a smaller file, or raise MMRL_MAX_DATA_MB")
 
 
 def read_json(path: Path, field: str = "task.path") -> Rows:
