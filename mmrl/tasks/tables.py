@@ -241,8 +241,8 @@ def read_jsonl(path: Path, field: str = "task.path") -> Rows:
     _check_size(path, field)
     rows, places = [], []
     with open(path, "rb") as handle:
-        for number, data in enumerate(handle, start=1):
-            line = _decode_line(data, path, number, field)
+        for number, data in enumerate(handle, start=1):  # each line without its newline, as a split reads it
+            line = _decode_line(data[:-1] if data.endswith(b"\n") else data, path, number, field)
             if line.strip():
                 rows.append(_record(_json_value(line, path, number, field), path, f"line {number}", field))
                 places.append(f"line {number}")
