@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import mmrl.algos as algos
-from mmrl.errors import Interrupted, RunError, UserError, checkpoint_note
+from mmrl.errors import Interrupted, RunError, UserError, checkpoint_note, printable
 from mmrl.tasks import TASKS
 
 
@@ -115,25 +115,42 @@ def debug() -> bool:
     return os.environ.get("MMRL_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 
 
+class PrintableFormatter(logging.Formatter):
+    """Log lines whose message is one printable line (`mmrl.errors.printable`); a traceback keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 -- logging's name
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run ``main``; a `UserError` (bad config or data) becomes one line on stderr and exit code 2, a `RunError` or a
     full disk one line and exit code 1, a second signal exit code 128 + signal. Any other exception is a bug and keeps
     its traceback (exit code 1). ``MMRL_DEBUG=1`` shows the traceback of a user error too."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
     try:
         return main(argv) or 0
     except UserError as exc:
         if debug():
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except RunError as exc:
         if debug():
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 1
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # a folder made read-only or taken away meanwhile
+            if debug():
+                traceback.print_exc()
+            where = printable(str(exc.filename)) if exc.filename else "an output file"
+            print(f"error: cannot use {where}: {os.strerror(exc.errno)} (a file or folder this command reads or "
+                  "writes was made read-only, or another user's)", file=sys.stderr)
+            return 1
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         print(f"error: no space left on the device of {exc.filename or 'an output file'}", file=sys.stderr)

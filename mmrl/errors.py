@@ -7,6 +7,7 @@ from mmrl, so every layer may raise these.
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 
@@ -34,3 +35,13 @@ def checkpoint_note(checkpoint: Path | None) -> str:
     if checkpoint is None:
         return "no checkpoint was written, so there is nothing to resume; start the run again"
     return f"the last checkpoint is {checkpoint}, intact; continue with --resume"
+
+
+def printable(text: str) -> str:
+    """``text`` with its control, format and line-separator characters escaped (``\\n``, ``\\u202e``): a path or a
+    value a user gave is printed inside mmrl's own lines, and a newline or a right-to-left override in it would
+    otherwise start a line of its own or reorder the line, forging output that mmrl did not write."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
+                   else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -27,8 +27,9 @@ import tempfile
 from pathlib import Path
 
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
-from mmrl.errors import RunError, UserError
+from mmrl.errors import RunError, UserError, printable
 from mmrl.files import atomic_write_text
+from mmrl.paths import expand_path
 from mmrl.run.config import TrainConfig, load_yaml, resolve_config, validate
 from mmrl.run.run_dir import is_mmrl_config, run_owning, trained_task
 
@@ -74,7 +75,8 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespa
     parser.add_argument("--seed", dest="run.seed", default=argparse.SUPPRESS,
                         help=f"shortcut for --run.seed (default: {defaults.run.seed})")
     parser.add_argument("--max-problems", type=int, default=0, help="0: the whole held-out split")
-    parser.add_argument("--out", default="", help="write the results as JSON to this new file")
+    parser.add_argument("--out", default="", help="write the results as JSON to this new file (~ and $VAR are "
+                        "expanded)")
     parser.add_argument("--overwrite-out", action="store_true", help="let --out replace an existing file")
     parser.add_argument("--save-samples", default="", metavar="FILE",
                         help="write every completion with its reward, parts and reason as JSON lines (mmrl.samples)")
@@ -82,6 +84,9 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, argparse.Namespa
     for section, fields in EVAL_FIELDS.items():
         add_dataclass_flags(parser, section, getattr(defaults, section), only=fields)
     args, extra = parser.parse_known_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+    for flag, name in (("--out", "out"), ("--save-samples", "save_samples"), ("--model", "model.name")):
+        if getattr(args, name, None):  # the rule of every path (mmrl/paths.py), for the flags of this command too
+            setattr(args, name, expand_path(flag, getattr(args, name)))
     layers = [(load_yaml(args.config), args.config)] if args.config else []
     given = vars(args)
     trained = trained_task(given.get("model.name", ""))
@@ -129,7 +134,7 @@ def _main(argv: list[str] | None) -> None:
     model = load_model(cfg.model.name, device=pick_device(cfg.model.device),
                        trust_remote_code=cfg.model.trust_remote_code)
     if ckpt is not None:  # every weight, or a LoRA run's adapters added to the base
-        model = load_policy_weights(model, state)
+        model = load_policy_weights(model, state, ckpt)
     model.eval()
     r, run = cfg.rollout, cfg.run
     saved: list = []  # every scored group, for --save-samples
@@ -165,7 +170,8 @@ def _main(argv: list[str] | None) -> None:
     rows = [(k, v) for k, v in result.items() if not isinstance(v, dict)] + rows
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
-        print(f"{key:<{width}}  {value:.4f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+        shown = f"{value:.4f}" if isinstance(value, float) else printable(str(value))
+        print(f"{key:<{width}}  {shown}")
     # the results are printed first and each file is tried whatever became of the other: no failed write loses them
     failed = None
     if args.out:

@@ -14,7 +14,8 @@ import json
 import sys
 
 from mmrl.cli import OneLineParser, add_dataclass_flags, catalogue, join_negative_values, run_cli, split_open_flags
-from mmrl.errors import UserError
+from mmrl.errors import UserError, printable
+from mmrl.paths import expand_path
 from mmrl.run.config import (
     OPEN_SECTIONS,
     SECTIONS,
@@ -60,7 +61,7 @@ def parse_command(argv: list[str] | None) -> tuple[TrainConfig, bool]:
         add_dataclass_flags(parser, section, getattr(defaults, section), own_flags.get(section, set()))
     args, extra = parser.parse_known_args(join_negative_values(sys.argv[1:] if argv is None else argv))
     layers = []  # (overrides, origin), lowest precedence first
-    resume_dir = getattr(args, "run.out_dir", None)
+    resume_dir = expand_path("run.out_dir", getattr(args, "run.out_dir", None))
     saved = saved_layer(resume_dir) if getattr(args, "run.resume", False) and resume_dir else None
     if saved is not None:  # resuming continues the run as configured; flags may change only what is safe to change
         layers.append(saved)
@@ -128,7 +129,7 @@ def _main(argv: list[str] | None) -> int:
         print("held-out pass@1 by step: " + ", ".join(f"{r['step']}: {r['eval/pass@1']:.3f}" for r in evals))
     written = [name for name in ("metrics.jsonl", "samples.jsonl", "curves.png", "checkpoints/")
                if (cfg.out_dir / name).exists()]
-    print(f"run directory: {cfg.out_dir} ({', '.join(written)})")
+    print(f"run directory: {printable(str(cfg.out_dir))} ({', '.join(written)})")
     return 128 + trainer.stop_signal if trainer.stop_signal is not None else 0  # the shell's convention
 
 

@@ -68,10 +68,12 @@ class _BoundedLoader(yaml.SafeLoader):
 def _expanded_size(root: yaml.Node) -> int:
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
+    aliased = [False]  # whether an alias was met: the refusal says what made the document this large
 
     def size(node: yaml.Node) -> int:
         key = id(node)
         if key in sizes:
+            aliased[0] = True
             return sizes[key]
         if key in open_nodes:
             raise YAMLBoundError(problem="an alias refers to a value that contains it", problem_mark=node.start_mark)
@@ -84,8 +86,9 @@ def _expanded_size(root: yaml.Node) -> int:
             total = 1
         open_nodes.discard(key)
         if total > MAX_YAML_VALUES:
-            raise YAMLBoundError(problem=f"aliases expand this value to more than {MAX_YAML_VALUES} values",
-                                 problem_mark=node.start_mark)
+            why = (f"aliases expand this value to more than {MAX_YAML_VALUES} values" if aliased[0] else
+                   f"this value holds more than {MAX_YAML_VALUES} values (a config holds hundreds)")
+            raise YAMLBoundError(problem=why, problem_mark=node.start_mark)
         sizes[key] = total
         return total
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import struct
 from pathlib import Path
 
 import torch
 
 from mmrl.cache import build_once, cache_root
+from mmrl.errors import UserError
 
 GGUF_CACHE_VERSION = "v1"  # bump when the conversion below changes: nobody's cached copy is overwritten
 
@@ -39,6 +41,7 @@ def dequantised_copy(gguf_path: Path, cache_dir: Path | None = None) -> Path:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_gguf(gguf_path)
     target = cached_copy_dir(gguf_path, cache_dir)
     def convert(tmp: Path) -> None:
         logging.getLogger("mmrl").info("de-quantising %s once into %s (later loads read the copy)", gguf_path, target)
@@ -58,3 +61,37 @@ def dequantised_copy(gguf_path: Path, cache_dir: Path | None = None) -> Path:
         model.save_pretrained(tmp)
 
     return build_once(target, convert, "config.json")
+
+
+# the smallest a GGUF header's entries can be: a tensor's name length, one dimension, type and offset; a metadata
+# entry's key length, value type and a one-byte value
+TENSOR_INFO_BYTES, METADATA_BYTES = 8 + 4 + 8 + 4 + 8, 8 + 4 + 1
+
+
+def check_gguf(path: Path) -> None:
+    """UserError (one line naming the file) unless ``path`` is a whole GGUF file: its magic, a version transformers
+    reads, entry counts that fit the file (a count that lies makes a reader allocate or loop for it), a header the
+    ``gguf`` reader parses and tensor data inside the file (a truncated download ends mid-tensor)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if len(head) < 24 or head[:4] != b"GGUF":
+        raise UserError(f"model: {path} is not a GGUF file (it does not start with the GGUF magic)")
+    version, tensors, entries = struct.unpack("<IQQ", head[4:])
+    if version not in (2, 3):
+        raise UserError(f"model: {path} is GGUF version {version}; versions 2 and 3 are read")
+    if tensors * TENSOR_INFO_BYTES + entries * METADATA_BYTES > size:
+        raise UserError(f"model: {path} is damaged: its header lists {tensors} tensors and {entries} metadata "
+                         f"entries, more than its {size} bytes can hold")
+    try:
+        from gguf import GGUFReader
+    except ImportError:  # transformers needs it to read the file at all, and says so
+        return
+    try:
+        reader = GGUFReader(path)
+        ends = [int(t.data_offset) + int(t.n_bytes) for t in reader.tensors]
+    except Exception as exc:  # noqa: BLE001 -- the parser's own failure on a damaged file, whatever its kind
+        raise UserError(f"model: {path} is damaged: the GGUF reader stopped at it ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]})") from None
+    if len(ends) != tensors or any(end > size for end in ends):
+        raise UserError(f"model: {path} is damaged or truncated: its tensors end past its {size} bytes")

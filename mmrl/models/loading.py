@@ -23,6 +23,7 @@ import torch
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.errors import UserError
 from mmrl.hub import locate_path_or_hub_id
+from mmrl.models.chat_template import check_tokenizer_template
 from mmrl.models.gguf_cache import dequantised_copy
 from mmrl.models.shipped import BUILD_RECORD, shipped_model
 from mmrl.vision.processor import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionProcessor
@@ -91,6 +92,8 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False):
         tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:  # a broken config.json / tokenizer file: one line, not chained tracebacks
         raise UserError(f"model: cannot load the tokenizer of {spec!r}: {first_line(exc)}") from None
+    if not _shipped(spec):  # a template from elsewhere is a program: rendered once under a bound first
+        check_tokenizer_template(tok, where)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"  # generation pads prompts on the left
@@ -106,6 +109,9 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str | torc
     from mmrl.vision.family import family_of
 
     where = loadable(spec)
+    if Path(where).is_dir():
+        for weights in sorted(Path(where).glob("*.safetensors")):
+            check_safetensors(weights)
     auto = AutoModelForImageTextToText if family_of(where) is not None else AutoModelForCausalLM
     try:
         with no_loading_bar() if is_embedded(spec) else contextlib.nullcontext():
@@ -113,6 +119,29 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, device: str | torc
     except (OSError, ValueError) as exc:
         raise UserError(f"model: cannot load {spec!r}: {first_line(exc)}") from None
     return model.to(device)
+
+
+# a safetensors header is JSON of a few KiB per hundred tensors; its 8-byte length is checked before it is read
+MAX_SAFETENSORS_HEADER = 100 << 20
+
+
+def check_safetensors(path: Path) -> None:
+    """UserError (one line naming the file) unless ``path``'s safetensors header is whole: a length that fits the
+    file (2^60 makes a reader allocate it), JSON the library reads, and every tensor's offsets inside the data
+    (the library checks these too, but its error names no file and is not a ValueError)."""
+    from safetensors import SafetensorError, safe_open
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+    length = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if length < 0 or length > min(size - 8, MAX_SAFETENSORS_HEADER):
+        raise UserError(f"model: {path} is damaged: its header length {length} does not fit its {size} bytes")
+    try:
+        with safe_open(path, framework="pt"):
+            pass
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UserError(f"model: {path} is damaged: {first_line(exc, 200)}") from None
 
 
 @contextlib.contextmanager
@@ -140,6 +169,14 @@ def load_vision_processor(spec: str, min_pixels: int = DEFAULT_MIN_PIXELS, max_p
         raise UserError(f"model: {spec!r} is a GGUF file; tasks with images need a Qwen-VL checkpoint "
                          "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
     try:
-        return VisionProcessor.from_pretrained(where, min_pixels, max_pixels, encode_once, trust_remote_code)
+        processor = VisionProcessor.from_pretrained(where, min_pixels, max_pixels, encode_once, trust_remote_code)
     except (OSError, ValueError) as exc:
         raise UserError(f"model: cannot load the processor of {spec!r}: {first_line(exc)}") from None
+    if not _shipped(spec):
+        check_tokenizer_template(processor.processor, where)
+    return processor
+
+
+def _shipped(spec: str) -> bool:
+    """A model of the package itself, whose files its manifest checks (`mmrl.models.shipped`)."""
+    return spec == "embedded" or spec.startswith("embedded:")

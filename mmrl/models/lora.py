@@ -137,11 +137,25 @@ def policy_weights(model: torch.nn.Module, settings: LoraSettings | None) -> dic
     return {"model": adapter_state(model), "lora": settings.to_dict()}
 
 
-def load_policy_weights(model: torch.nn.Module, state: dict[str, Any]) -> torch.nn.Module:
+def load_policy_weights(model: torch.nn.Module, state: dict[str, Any], where: Any = "") -> torch.nn.Module:
     """``model`` with the weights of :func:`policy_weights` (a checkpoint's state) put back. A LoRA checkpoint on a
-    plain base model (``mmrl.eval`` of a LoRA run) first adds the adapters its settings describe."""
+    plain base model (``mmrl.eval`` of a LoRA run) first adds the adapters its settings describe. ``where``: the
+    checkpoint's folder, for the errors to name."""
     if not state.get("lora"):
-        model.load_state_dict(state["model"])
+        # a weight of another shape or name is one line (torch's own error lists every mismatch over many lines)
+        expected, given = model.state_dict(), state["model"]
+        named = f"checkpoint {where}" if where else "checkpoint"
+        for name, tensor in given.items():
+            if name not in expected:
+                raise UserError(f"{named}: its weight {name} is not a weight of this model; was it written for "
+                                 "another model?")
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise UserError(f"{named}: its weight {name} has shape {list(tensor.shape)}, the model's "
+                                 f"{list(expected[name].shape)}; was it written for another model?")
+        missing = [name for name in expected if name not in given]
+        if missing:
+            raise UserError(f"{named}: it has no weight {missing[0]} of this model ({len(missing)} missing)")
+        model.load_state_dict(given)
         return model
     if not is_lora(model):
         model = add_lora(model, LoraSettings.from_dict(state["lora"]))

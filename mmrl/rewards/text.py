@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from decimal import Decimal
@@ -114,20 +115,43 @@ def _off_main_thread_verifier() -> IsolatedVerifier:
         return _VERIFIERS[0]
 
 
+class _Timeouts(logging.Handler):
+    """Counts math-verify's own reports of a timed-out parse or comparison, which it ends as a no-match (a parse as
+    [], a comparison as False) and says so only in a log warning."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Timeout during"):
+            self.count += 1
+
+
 def math_verify_match(predicted: str, gold: str) -> tuple[bool, str | None]:
-    """math-verify's parse and verify, each bounded by ``VERIFY_SECONDS``; call it on a main thread."""
+    """math-verify's parse and verify, each bounded by ``VERIFY_SECONDS``; call it on a main thread. A step that
+    runs out of time scores 0 with a reason that says so, not as a wrong answer."""
     from math_verify import parse, verify  # imported lazily: it pulls sympy and antlr
 
     timeout = VERIFY_SECONDS
-    gold_parsed = parse(gold if "$" in gold or "\\" in gold else f"${gold}$", parsing_timeout=timeout)
-    pred_parsed = parse(predicted if "$" in predicted or "\\" in predicted else f"${predicted}$",
-                        parsing_timeout=timeout)
+    timeouts, logger = _Timeouts(), logging.getLogger("math_verify")
+    logger.addHandler(timeouts)
+    try:
+        gold_parsed = parse(gold if "$" in gold or "\\" in gold else f"${gold}$", parsing_timeout=timeout)
+        pred_parsed = parse(predicted if "$" in predicted or "\\" in predicted else f"${predicted}$",
+                            parsing_timeout=timeout)
+        ok = bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
+    finally:
+        logger.removeHandler(timeouts)
+    if ok:
+        return True, None
+    if timeouts.count:
+        return False, f"math-verify timed out ({timeout} s per step), so the answer was not judged"
     if not gold_parsed:
         return False, f"gold answer {gold!r} could not be parsed"
     if not pred_parsed:
         return False, f"answer {predicted[:60]!r} could not be parsed"
-    ok = verify(gold_parsed, pred_parsed, timeout_seconds=timeout)
-    return bool(ok), None if ok else "answer is wrong"
+    return False, "answer is wrong"
 
 
 def _answer_and_gold(completion: str, sample: Sample) -> tuple[str | None, str]:

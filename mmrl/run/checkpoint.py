@@ -351,7 +351,46 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     state = read_state(folder)
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise UserError(f"checkpoint {folder} is not a checkpoint of mmrl.train (no model state)")
+    problem = content_problem(state)
+    if problem:
+        raise UserError(f"checkpoint {folder} is damaged ({problem})")
     return state
+
+
+def content_problem(state: dict[str, Any]) -> str:
+    """What is wrong with the contents of a checkpoint's state, or "": SHA256SUMS vouches only that the files are
+    those that were hashed, and a checkpoint edited (or written wrong) and re-hashed must fail here in one line, not
+    in the middle of a resume (a step of -5 would train steps -4, -3, ...; NaN weights would train on NaN)."""
+    step = state["step"]
+    if type(step) is not int or step < 0:
+        return f"{STATE}: step is {step!r}, not a whole number >= 0"
+    model = state["model"]
+    if not isinstance(model, dict) or not all(isinstance(t, torch.Tensor) for t in model.values()):
+        return f"{STATE}: model is not a mapping of tensors"
+    for name, tensor in model.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return f"{TENSORS}: model/{name} holds NaN or infinite values"
+    return _rng_problem(state.get("rng"))
+
+
+def _rng_problem(rng: Any) -> str:
+    """What is wrong with a checkpoint's RNG state (as `rng_state` writes it), or ""."""
+    if not isinstance(rng, dict):
+        return f"{STATE}: rng is not a mapping of generator states"
+    torch_state = rng.get("torch")
+    size = torch.get_rng_state().numel()
+    if not isinstance(torch_state, torch.Tensor) or torch_state.dtype != torch.uint8 or torch_state.numel() != size:
+        return f"{TENSORS}: rng/torch is not torch's generator state ({size} bytes)"
+    python = rng.get("python")
+    if not (isinstance(python, (tuple, list)) and len(python) == 3 and isinstance(python[1], (tuple, list))
+            and len(python[1]) == len(random.getstate()[1]) and all(type(k) is int for k in python[1])):
+        return f"{STATE}: rng/python is not Python's generator state"
+    numpy = rng.get("numpy")
+    if not (isinstance(numpy, (tuple, list)) and len(numpy) == 5 and isinstance(numpy[1], (tuple, list))
+            and len(numpy[1]) == 624 and all(type(k) is int and 0 <= k < 2**32 for k in numpy[1])
+            and type(numpy[2]) is int and 0 <= numpy[2] <= 624):
+        return f"{STATE}: rng/numpy is not NumPy's generator state (624 words and a position)"
+    return ""
 
 
 def load_latest(run_dir: Path) -> tuple[Path, dict[str, Any], list[Path]]:

@@ -21,6 +21,8 @@ import yaml
 import mmrl.algos as algos
 from mmrl.cache import EMBEDDED_NAME, cache_root
 from mmrl.errors import UserError
+from mmrl.paths import RULE as PATH_RULE
+from mmrl.paths import expand_path
 from mmrl.run.schedule import SCHEDULES
 from mmrl.values import YAMLBoundError, as_default_type, safe_yaml, yaml_scalar
 
@@ -55,10 +57,11 @@ def one_of(choices: typing.Sequence[Any], note: str = "") -> Range:
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", range: Range | None = None,  # noqa: A002
-            factory: Callable[[], Any] | None = None) -> Any:
+            factory: Callable[[], Any] | None = None, path: bool = False) -> Any:
     """A config field with its help text and valid range in its metadata: the one source of ``--help``, the range
-    check of `validate` and docs/config.md (``python -m mmrl.run.config_doc``)."""
-    metadata = {"help": help, "range": range}
+    check of `validate` and docs/config.md (``python -m mmrl.run.config_doc``). A ``path`` field is read by
+    `mmrl.paths.expand_path` (``~`` and ``$VAR`` expanded), which its help says."""
+    metadata = {"help": f"{help} ({PATH_RULE})" if path else help, "range": range, "path": path}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -69,7 +72,8 @@ BACKENDS = ("local", "openrlhf")
 
 @dataclasses.dataclass
 class ModelConfig:
-    name: str = setting(EMBEDDED_NAME, "the policy: an embedded:* model, a local folder, a hub id, or a .gguf file")
+    name: str = setting(EMBEDDED_NAME, "the policy: an embedded:* model, a local folder, a hub id, or a .gguf file",
+                        path=True)
     dtype: str = setting("float32", "compute dtype (bfloat16: autocast; weights and AdamW state stay float32)",
                          one_of(("float32", "bfloat16")))
     device: str = setting("auto", "where the model runs: auto, cpu, cuda or cuda:N")
@@ -106,7 +110,8 @@ class TaskConfig:
     name: str = setting("arithmetic", "the task (the list is at the end of --help)")
     options: dict[str, Any] = setting(help="the task's options, as --task.OPTION VALUE (at the end of --help)",
                                       factory=dict)
-    reward_model: str = setting("", "path of a sequence-classification reward model to add to the task's reward")
+    reward_model: str = setting("", "path of a sequence-classification reward model to add to the task's reward",
+                                path=True)
     reward_model_weight: float = setting(1.0, "weight of the reward model's score in the sum")
 
 
@@ -204,7 +209,7 @@ class SFTConfig:
 class RunConfig:
     steps: int = setting(60, "training steps", at_least(1))
     seed: int = setting(0, "random seed of the run")
-    out_dir: str = setting("", "the run directory; empty: runs/TASK-ALGO")
+    out_dir: str = setting("", "the run directory; empty: runs/TASK-ALGO", path=True)
     checkpoint_every: int = setting(10, "steps between checkpoints; 0: only at the end", at_least(0))
     keep_checkpoints: int = setting(2, "checkpoints kept on disk, newest first", at_least(1))
     eval_every: int = setting(0, "steps between held-out evaluations; 0: only at the end", at_least(0))
@@ -230,7 +235,8 @@ class EvalSetConfig:
     reported. The papers' protocols differ set by set (AIME avg@32 beside greedy pass@1), hence one entry each."""
 
     name: str = setting("", "the set's name in the metrics (eval/NAME/...)")
-    path: str = setting("", "empty: the task's own held-out split; else a file or hub id read by the run's task")
+    path: str = setting("", "empty: the task's own held-out split; else a file or hub id read by the run's task",
+                        path=True)
     options: dict[str, Any] = setting(help="task options for this set (columns, template)", factory=dict)
     samples: int = setting(1, "samples per problem")
     temperature: float = setting(0.0, "sampling temperature; 0: greedy (then samples must be 1)")
@@ -345,7 +351,10 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], origin: str) ->
         fields = _section_fields(section)
         obj = getattr(cfg, section)
         if field in fields and field not in OPEN_SECTIONS.values():
-            setattr(obj, field, _coerce(key, value, getattr(obj, field), origin))
+            value = _coerce(key, value, getattr(obj, field), origin)
+            if fields[field].metadata.get("path"):
+                value = expand_path(f"config ({origin}): {key}", value)
+            setattr(obj, field, value)
         elif section in OPEN_SECTIONS:
             extra = getattr(obj, OPEN_SECTIONS[section])
             # a task option keeps its text as written: the task converts it by its option's type (tasks/base.py)
@@ -395,6 +404,7 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def load_yaml(path: str) -> dict[str, Any]:
+    path = expand_path("--config", path)
     p = Path(path)
     if not p.is_file():
         raise UserError(f"config: no such file {path!r}")
@@ -432,6 +442,8 @@ def eval_set_configs(cfg: TrainConfig) -> list[EvalSetConfig]:
                 values[key] = dict(value)
             else:
                 values[key] = _coerce(f"{where}.{key}", value, default)
+                if fields[key].metadata.get("path"):
+                    values[key] = expand_path(f"config: {where}.{key}", values[key])
         es = EvalSetConfig(**values)
         k = es.samples
         checks = [

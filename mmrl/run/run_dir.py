@@ -133,7 +133,12 @@ def _unlock(handle, path: Path) -> None:
             path.unlink()
     except FileNotFoundError:
         pass
-    handle.close()
+    except OSError as exc:  # a folder made read-only during the run: the lock goes with the handle, its file stays
+        # (the next run takes it over with a note), and the error that ended the run is the one it reports
+        log.warning("run.out_dir %s: the lock file %s stays (%s); the lock itself is released", path.parent,
+                    path.name, os.strerror(exc.errno) if exc.errno else exc)
+    finally:
+        handle.close()
 
 
 def is_mmrl_config(path: Path) -> bool:
@@ -205,6 +210,25 @@ def resume_changes(run_dir: Path, cfg: TrainConfig) -> dict[str, tuple[Any, Any]
         raise UserError(f"config: --resume cannot change {key} ({old!r} in {run_dir / CONFIG_NAME}, {new!r} now): "
                          f"it changes what is trained; start a new run with another --out instead")
     return changed
+
+
+def refuse_edited_config(run_dir: Path, trained: dict[str, Any] | None, checkpoint: Path) -> None:
+    """Refuse a ``config.json`` edited by hand since the checkpoint was written: ``trained`` is the config the
+    checkpoint records (masked, as config.json holds it; None for a checkpoint from before checkpoints held one).
+    A field that changes what is trained and differs is one line naming it and both values, as a flag changing it
+    on ``--resume`` is: applied, it would not match the optimizer state the checkpoint restores; ignored, config.json
+    would describe another run."""
+    if not isinstance(trained, dict):
+        return
+    before = flat_config(trained)
+    now = {f"{s}.{k}": v for s, fields in saved_config(run_dir).items() for k, v in fields.items()}
+    for key in sorted(set(before) | set(now)):
+        if key in NOT_COMPARED_ON_RESUME or key in SAFE_ON_RESUME or key.partition(".")[0] in SAFE_SECTIONS_ON_RESUME:
+            continue
+        if before.get(key) != now.get(key):
+            raise UserError(f"config: {run_dir / CONFIG_NAME} says {key} is {now.get(key)!r}, but {checkpoint} was "
+                             f"trained with {before.get(key)!r}: config.json was edited after the run started; put "
+                             f"it back (a run that trains otherwise is a new run with another --out)")
 
 
 def _as_task_reads(task: str, key: str, value: Any) -> Any:

@@ -117,8 +117,11 @@ def math_task(path: str = "", eval_path: str = "", problem_key: str = "problem",
     example = MATH_EXAMPLE if one_shot else None
     train = to_samples(rows, problem_key, answer_key, path, system_prompt or None, template, example)
     if eval_path:
-        evals = to_samples(load_rows(eval_path, "test", "task.eval_path"), problem_key, answer_key, eval_path,
-                           system_prompt or None, template, example, "task.eval_path")
+        held_out = load_rows(eval_path, "test", "task.eval_path")
+        if not held_out:  # as an empty training file is: a run would report an evaluation of nothing
+            raise UserError(f"task.eval_path: {eval_path} has no rows")
+        evals = to_samples(held_out, problem_key, answer_key, eval_path, system_prompt or None, template, example,
+                           "task.eval_path")
     elif eval_fraction:  # hold out a seeded random eval_fraction (files are often sorted by source or difficulty)
         random.Random(seed).shuffle(train)
         n_eval = int(len(train) * eval_fraction)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.errors import UserError
+from mmrl.paths import expand_path
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 
@@ -134,10 +135,91 @@ def _where(text: str, token: str) -> tuple[int, int]:
     return 0, 1
 
 
+class _RepeatedKey(ValueError):
+    """A JSON object that writes ``key`` twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each written once: Python's json keeps the last of a repeated key without a word,
+    so ``{"answer": "2", "answer": "3"}`` would train on the gold answer 3 whatever the writer meant."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen[key] = value
+    return seen
+
+
+def _second_key(text: str, key: str) -> tuple[int, int]:
+    """(line from 0, column from 1) where an object of JSON ``text`` writes ``key`` a second time: its objects'
+    keys followed through the text (the hook that finds the repeat is not told where it is)."""
+    objects: list[set[str] | None] = []  # one entry per open object (its keys so far) or list (None)
+    for match in re.finditer(r'"(?:[^"\\]|\\.)*"(\s*:)?|[{}\[\]]', text):
+        token = match.group()
+        if token in "{[":
+            objects.append(set() if token == "{" else None)
+        elif token in "}]":
+            if objects:
+                objects.pop()
+        elif match.group(1) and objects and objects[-1] is not None:
+            name = json.loads(token[: len(token) - len(match.group(1))])
+            if name == key and name in objects[-1]:
+                start = match.start()
+                return text.count("\n", 0, start), start - (text.rfind("\n", 0, start) + 1) + 1
+            objects[-1].add(name)
+    return 0, 1
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any, where: str = "") -> tuple[str, str] | None:
+    """(the key path, the code point) of the first text in ``value`` holding a lone surrogate: JSON's ``\\ud800``
+    escape decodes to half of a UTF-16 pair, which is no character, and a tokenizer fails on it with a TypeError."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        return (where, f"\\u{ord(found.group()):04x}") if found else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        inner = _lone_surrogate(item, f"{where}.{key}" if where and isinstance(key, str) else
+                                f"{where}[{key}]" if where else str(key))
+        if inner is not None:
+            return inner
+    return None
+
+
 def _json_value(text: str, path: Path, line: int, field: str) -> Any:
+    value = _parsed_json(text, path, line, field)
+    if "\\u" not in text:  # only an escape writes a lone surrogate in UTF-8 text
+        return value
+    items = enumerate(value) if isinstance(value, list) else [(None, value)]
+    try:
+        for item, row in items:
+            lone = _lone_surrogate(row)
+            if lone is not None:
+                where, point = lone
+                lines = text.count("\n", 0, max(text.lower().find(point), 0))
+                place = "" if item is None else f" item {item} (items count from 0)"
+                raise UserError(f"{field}: {path} line {line + lines}{place} field {where!r} holds {point}, half of "
+                                "a UTF-16 surrogate pair and no character; write the whole pair or the character")
+    except RecursionError:
+        raise UserError(f"{field}: {path} line {line} nests JSON too deeply") from None
+    return value
+
+
+def _parsed_json(text: str, path: Path, line: int, field: str) -> Any:
     try:
         # Python's json reads the bare NaN / Infinity / -Infinity of no JSON standard: refused as what they are
-        return json.loads(text, parse_float=WrittenNumber, parse_int=_integer, parse_constant=_not_json)
+        return json.loads(text, parse_float=WrittenNumber, parse_int=_integer, parse_constant=_not_json,
+                          object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        lines, column = _second_key(text, exc.key)
+        raise UserError(f"{field}: {path} line {line + lines} has the key {exc.key!r} twice in one object (again at "
+                        f"column {column}); which one is meant is not known, so the file is refused") from None
     except _Unreadable as exc:
         lines, column = _where(text, exc.token)
         raise UserError(f"{field}: {path} line {line + lines} {str(exc).format(column=column)}") from None
@@ -155,17 +237,53 @@ def _record(value: Any, path: Path, where: str, field: str) -> dict[str, Any]:
 
 
 def read_jsonl(path: Path, field: str = "task.path") -> Rows:
-    text = _decode(path.read_bytes(), path, field)
+    """Read line by line: the memory a file takes is its rows', not its text's three times over (bytes, text, lines)."""
+    _check_size(path, field)
     rows, places = [], []
-    for number, line in enumerate(text.split("\n"), start=1):
-        if line.strip():
-            rows.append(_record(_json_value(line, path, number, field), path, f"line {number}", field))
-            places.append(f"line {number}")
+    with open(path, "rb") as handle:
+        for number, data in enumerate(handle, start=1):  # each line without its newline, as a split reads it
+            line = _decode_line(data[:-1] if data.endswith(b"\n") else data, path, number, field)
+            if line.strip():
+                rows.append(_record(_json_value(line, path, number, field), path, f"line {number}", field))
+                places.append(f"line {number}")
     return Rows(rows, places)
+
+
+def _decode_line(data: bytes, path: Path, number: int, field: str) -> str:
+    bom = b"\xef\xbb\xbf" if number == 1 and data.startswith(b"\xef\xbb\xbf") else b""
+    try:
+        return data[len(bom):].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{field}: {path} line {number} is not UTF-8 text (byte 0x{data[len(bom) + exc.start]:02x} "
+                         f"at column {exc.start + 1}); re-save the file as UTF-8") from None
+
+
+# Rows are held in memory (a run draws from all of them), about five times a file's size for short rows (a 256 MiB
+# jsonl of 440-byte rows peaked at 1.3 GB read line by line): a data file past this many MiB is refused before it is
+# read. MMRL_MAX_DATA_MB raises or lowers it.
+DEFAULT_MAX_DATA_MB = 256
+
+
+def max_data_bytes() -> int:
+    text = os.environ.get("MMRL_MAX_DATA_MB", "").strip()
+    if not text:
+        return DEFAULT_MAX_DATA_MB << 20
+    if not text.isdigit() or int(text) == 0:
+        raise UserError(f"MMRL_MAX_DATA_MB must be a whole number of MiB > 0, got {text!r}")
+    return int(text) << 20
+
+
+def _check_size(path: Path, field: str) -> None:
+    size, limit = path.stat().st_size, max_data_bytes()
+    if size > limit:
+        raise UserError(f"{field}: {path} is {size / 2**20:.0f} MiB, more than the {limit >> 20} MiB a data file may "
+                         f"be (its rows are held in memory, which takes up to about five times the file's size); keep "
+                         f"the rows the run needs in a smaller file, or raise MMRL_MAX_DATA_MB")
 
 
 def read_json(path: Path, field: str = "task.path") -> Rows:
     """A list of objects, or an object of equal-length columns."""
+    _check_size(path, field)
     data = _json_value(_decode(path.read_bytes(), path, field), path, 1, field)
     if isinstance(data, list):
         places = [f"item {i} (items count from 0)" for i in range(len(data))]
@@ -179,6 +297,7 @@ def read_json(path: Path, field: str = "task.path") -> Rows:
 
 
 def read_csv(path: Path, field: str = "task.path") -> Rows:
+    _check_size(path, field)
     reader = csv.reader(io.StringIO(_decode(path.read_bytes(), path, field), newline=""))
     try:
         header = next(reader)
@@ -212,17 +331,28 @@ def read_parquet(path: Path, field: str = "task.path") -> Rows:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    _check_size(path, field)
     try:
-        rows = pq.read_table(path).to_pylist()
+        table = pq.read_table(path)
+        rows = table.to_pylist()
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"{field}: {path} is not a readable parquet file ({str(exc).splitlines()[0]})") from None
-    return _counted([{key: _positional(value) for key, value in row.items()} for row in rows])
+    # a float32 cell comes out of arrow widened to a Python float (0.1 as 0.10000000149011612): read as its float32
+    narrow = {f.name: f.type.to_pandas_dtype() for f in table.schema
+              if pa.types.is_float32(f.type) or pa.types.is_float16(f.type)}
+    return _counted([{key: _positional(value, narrow.get(key)) for key, value in row.items()} for row in rows])
 
 
-def _positional(value: Any) -> Any:
-    """A parquet float as the shortest decimal that reads back as it, without an exponent: Python prints 0.00001 as
-    ``1e-05``, which a verifier of math answers reads as 1·e - 5. Anything else, and NaN or infinity, unchanged."""
-    if type(value) is not float or not math.isfinite(value) or "e" not in repr(value):
+def _positional(value: Any, narrow: Any = None) -> Any:
+    """A parquet float as the shortest decimal that reads back as it (``narrow``: the numpy float32 or float16 type
+    of its column, read back as that), without an exponent: Python prints 0.00001 as ``1e-05``, which a verifier of
+    math answers reads as 1·e - 5. Anything else, and NaN or infinity, unchanged."""
+    if type(value) is not float or not math.isfinite(value):
+        return value
+    if narrow is not None:
+        text = str(narrow(value))  # numpy's shortest text that reads back as the same float32 / float16
+        return WrittenNumber(f"{Decimal(text):f}" if "e" in text else text)
+    if "e" not in repr(value):
         return value
     return WrittenNumber(f"{Decimal(repr(value)):f}")
 
@@ -238,7 +368,7 @@ def check_sources(path: str, eval_path: str, max_samples: int) -> None:
         raise UserError(f"task.max_samples must be >= 0 (0 reads every row), got {max_samples}")
     if not eval_path:
         return
-    train, held_out = (Path(os.path.expanduser(p)) for p in (path, eval_path))
+    train, held_out = (Path(expand_path(f, p)) for f, p in (("task.path", path), ("task.eval_path", eval_path)))
     if train.exists() and held_out.exists() and train.resolve() == held_out.resolve():
         raise UserError(f"task.eval_path: {eval_path!r} is the training file task.path {path!r}; a held-out set "
                          "must be other rows (or leave task.eval_path empty to hold out task.eval_fraction)")
@@ -248,7 +378,7 @@ def load_rows(source: str, split: str = "train", field: str = "task.path") -> Ro
     """Rows of a local file (jsonl/json/parquet/csv) as written, or of a hub dataset ``split`` (needs network or a
     local cache). ``field`` is the option that named ``source`` (``task.eval_path``, ...); every error names it, so a
     bad held-out file is not reported as the training file."""
-    path = Path(os.path.expanduser(source))
+    path = Path(expand_path(field, source))
     if path.suffix in LOCAL_SUFFIXES or path.exists():
         if not path.exists():
             raise UserError(f"{field}: no such file {str(path)!r}")

@@ -20,6 +20,7 @@ from typing import Any
 
 from mmrl.cache import EMBEDDED_VL_NAME, build_once, cache_root
 from mmrl.errors import UserError
+from mmrl.paths import expand_path
 from mmrl.tasks.tables import Rows, check_sources, load_rows, row_place
 
 # Recommended config of every task with images (``register_task(..., config_defaults=IMAGE_TASK_DEFAULTS)``): the
@@ -143,7 +144,7 @@ def load_table(source: str, split: str, max_samples: int = 0, allow_outside_imag
     """Rows of a local table (jsonl/json/parquet/csv), an image folder (``<label>/<image>``) or a hub dataset
     ``split``, and the folder that its image paths are resolved against and kept in. Errors name ``field``, the
     option that named ``source``."""
-    path = Path(os.path.expanduser(source))
+    path = Path(expand_path(field, source))
     if path.is_dir():
         rows, folder = image_folder_rows(path, field), path.resolve()
     else:

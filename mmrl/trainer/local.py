@@ -58,7 +58,7 @@ from mmrl.run.eval_sets import EvalSet
 from mmrl.run.loggers import RunLoggers
 from mmrl.run.masking import masked_config
 from mmrl.run.metrics import MetricsLog, plot_curves, read_metrics
-from mmrl.run.run_dir import RunDir, claim, refuse_finished
+from mmrl.run.run_dir import RunDir, claim, refuse_edited_config, refuse_finished
 from mmrl.run.schedule import build_scheduler
 from mmrl.samples import SAMPLES_FILE, RunSamples, group_records
 from mmrl.tasks import Task
@@ -131,7 +131,9 @@ class Trainer:
     def checkpoint(self) -> Path:
         state = {**policy_weights(self.policy.model, self.policy.lora), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "sampler": self.rollouts.sampler.state_dict(),
-                 "history": self.rollouts.history.state_dict()}
+                 "history": self.rollouts.history.state_dict(),
+                 # the config the weights are trained under: a resume refuses a config.json edited since
+                 "config": masked_config(self.cfg.to_dict())}
         self.stops.writing_checkpoint = True
         try:
             path = save_checkpoint(self.run_dir, self.step, state, self.cfg.run.keep_checkpoints)
@@ -147,7 +149,7 @@ class Trainer:
         if bool(state.get("lora")) != (lora_settings(self.cfg) is not None):
             raise UserError(f"config: {path} was written {'with' if state.get('lora') else 'without'} LoRA "
                              f"adapters; resume with the model.lora_* settings it was written with")
-        load_policy_weights(self.policy.model, state)
+        load_policy_weights(self.policy.model, state, path)
         self.learner.optimizer.load_state_dict(state["optimizer"])
         self.learner.scheduler.load_state_dict(state["scheduler"])
         self.rollouts.sampler.load_state_dict(state["sampler"])
@@ -440,6 +442,7 @@ def _restore_resumed(cfg: TrainConfig, trainer: Trainer, resumed: tuple[Path, di
     existing, state, unreadable = resumed
     for path in unreadable:
         log.warning("set aside as %s", set_aside(path))
+    refuse_edited_config(trainer.run_dir, state.get("config"), existing)
     trainer.restore(state, existing)
     refuse_finished(cfg, trainer.step, existing)
     log.info("resumed from %s at step %d", existing, trainer.step)

@@ -23,10 +23,13 @@ step-level groups), ``penalty`` (the invalid-action penalty this step's reward i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mmrl.envs.actions import parse_action
 from mmrl.envs.alfworld import prompts
@@ -35,6 +38,19 @@ from mmrl.envs.base import EnvError, StepResult, TextEnv
 from mmrl.errors import UserError
 
 OBSERVATION_MODES = ("incremental", "window")
+# TextWorld's grammar parser is not thread-safe: in a process, one engine call runs at a time. Each runs in a worker
+# thread, so that a game's load (0.2-3.5 s) does not stall the event loop, and the other coroutines (model calls,
+# envs in an EnvPool's worker processes, which load games side by side) go on meanwhile.
+_ENGINE_LOCK = threading.Lock()
+T = TypeVar("T")
+
+
+async def _engine_call(call: Callable[[], T]) -> T:
+    def locked() -> T:
+        with _ENGINE_LOCK:
+            return call()
+
+    return await asyncio.to_thread(locked)
 
 
 def read_game_meta(game_path: str | Path) -> dict[str, Any]:
@@ -115,9 +131,7 @@ class AlfWorldEnv(TextEnv):
             await self.close()
             self._game_path = str(new_game)
             self._meta = read_game_meta(self._game_path)
-        if self._engine is None:
-            self._engine = Engine(self._game_path, template_cache=self.template_cache)
-        state = self._engine.reset()
+        state = await _engine_call(self._load_and_reset)
         self._reset_episode_state()
         self._started = True
         observation, self._task = prompts.split_intro(state.feedback)
@@ -126,12 +140,18 @@ class AlfWorldEnv(TextEnv):
         first = prompts.first_prompt(self._task, observation, state.admissible)
         return first, self._info(seed=seed, feedback=observation, anchor=observation)
 
+    def _load_and_reset(self):
+        if self._engine is None:
+            self._engine = Engine(self._game_path, template_cache=self.template_cache)
+        return self._engine.reset()
+
     async def step(self, action_text: str) -> StepResult:
         if not self._started or self._done:
             raise RuntimeError("AlfWorldEnv.step called before reset(), after the episode ended or after close()")
         parsed = parse_action(action_text, require_think=self.require_think)
         action_valid = parsed.command in self._admissible
-        state = self._engine.step(parsed.command)
+        engine, command = self._engine, parsed.command
+        state = await _engine_call(lambda: engine.step(command))
         self._history.append((self._last_observation, parsed.command))
         self._steps += 1
         self._last_observation = state.feedback
@@ -155,4 +175,4 @@ class AlfWorldEnv(TextEnv):
         self._started = False  # a step now is the caller's error, named as such (reset() starts the game again)
         engine, self._engine = self._engine, None
         if engine is not None:
-            engine.close()
+            await _engine_call(engine.close)
