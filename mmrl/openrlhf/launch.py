@@ -46,6 +46,7 @@ from mmrl.openrlhf.rehearsal import gpu_note as rehearsal_gpu_note
 from mmrl.openrlhf.rehearsal import remove_logs as remove_rehearsal_logs
 from mmrl.openrlhf.replay import check_replay_flags, check_resumed_store
 from mmrl.openrlhf.reward import reward_file_text
+from mmrl.tasks.base import GeneratedRows
 from mmrl.trainer.build import build_algorithm, build_task
 from mmrl.trainer.config import TrainConfig, validate
 from mmrl.trainer.eval_sets import build_eval_sets
@@ -236,6 +237,10 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     """Everything up to starting Ray. ``write=False`` (dry run) writes no file."""
     validate(cfg)
     task = build_task(cfg)
+    if isinstance(task.train, GeneratedRows):  # OpenRLHF reads its prompts from a file written here, once
+        raise UserError(f"task {task.name!r} draws fresh training problems every step, which the openrlhf backend "
+                         f"cannot read from its prompt file; give the task a fixed training set (its train_size "
+                         f"option) or use the local backend")
     algo = build_algorithm(cfg, task.multi_turn)  # a bad name or hyper-parameter fails here, on the driver
     spec = algorithm_spec(cfg, algo)
     check_layout(cfg, algo)

@@ -47,7 +47,7 @@ from mmrl.replay import ReplayStore
 from mmrl.rewards.base import RewardResult
 from mmrl.samples import SAMPLES_FILE, RunSamples, group_records
 from mmrl.tasks import Task
-from mmrl.tasks.base import EnvTask
+from mmrl.tasks.base import EnvTask, GeneratedRows
 from mmrl.trainer.build import (
     build_algorithm,
     build_task,
@@ -102,12 +102,16 @@ def episode_responses(responses: list[Response], turn_layout: bool) -> list[Resp
 
 
 class PromptSampler:
-    """Shuffled epochs over the training split; its whole state goes into checkpoints."""
+    """Shuffled epochs over the training split; its whole state goes into checkpoints. An endless split (a task's
+    `mmrl.tasks.base.GeneratedRows`) has no epochs: every draw is a fresh row number from the same seeded RNG."""
 
-    def __init__(self, size: int, seed: int):
+    def __init__(self, size: int, seed: int, endless: bool = False):
         self.size, self.rng, self.order, self.pos = size, random.Random(seed), [], 0
+        self.endless = endless
 
     def take(self, k: int) -> list[int]:
+        if self.endless:
+            return [self.rng.randrange(self.size) for _ in range(k)]
         out = []
         while len(out) < k:
             if self.pos >= len(self.order):
@@ -717,7 +721,7 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
         if env_pool is not None:  # a refused resume or a failed config.json write leaves no worker behind
             on_failure.callback(env_pool.close)
         trainer = Trainer(cfg, algo, task, policy.tokenizer, policy.model, ref_model, optimizer, scheduler,
-                          PromptSampler(len(task.train), cfg.run.seed),
+                          PromptSampler(len(task.train), cfg.run.seed, isinstance(task.train, GeneratedRows)),
                           ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
                           owner.path, policy.device, policy.compute_dtype, prompt_cache=policy.prompt_cache,
                           renderer=policy.renderer, env_pool=env_pool, is_moe=bool(policy.routers),
