@@ -20,6 +20,7 @@ import json
 import platform
 import statistics
 from pathlib import Path
+from typing import Any
 
 import torch
 from common import head_tail, pyplot, run_config, smooth
@@ -50,7 +51,7 @@ def task_options(pairs: list[str]) -> dict[str, str]:
 
 
 def run_one(name: str, seed: int, steps: int, sampler: str, eval_samples: int, out_root: Path,
-            task: dict[str, str]) -> dict:
+            task: dict[str, Any]) -> dict:
     # eval_every = steps: one evaluation before the first update (step 0) and one after the last
     overrides = {"algo.name": name, "run.seed": seed, "run.steps": steps, "run.eval_samples": eval_samples,
                  "run.eval_every": steps, "rollout.max_new_tokens": 12, "rollout.sampler": sampler, **task}
@@ -81,12 +82,15 @@ def main() -> None:
                         "arithmetic)")
     parser.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
                         help="a task option (repeatable), e.g. max_operand=12")
+    parser.add_argument("--lr", type=float, default=None, help="optim.lr (default: the config's)")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/learning for --task arithmetic, "
                         "benchmarks/results/learning_<task> otherwise")
     args = parser.parse_args()
     if args.out is None:
         args.out = "benchmarks/results/learning" + ("" if args.task == "arithmetic" else f"_{args.task}")
-    task = {"task.name": args.task, **task_options(args.task_option)}
+    task: dict[str, Any] = {"task.name": args.task, **task_options(args.task_option)}
+    if args.lr is not None:
+        task["optim.lr"] = args.lr
     torch.set_num_threads(args.threads)
     out_root = Path(args.out)
     out_root.mkdir(parents=True, exist_ok=True)
@@ -98,6 +102,8 @@ def main() -> None:
             print(f"{name} seed {seed}: reward {r['reward_start']:.3f} -> {r['reward_end']:.3f}, accuracy "
                   f"{r['accuracy_start']:.3f} -> {r['accuracy_end']:.3f}, held-out pass@1 {r['eval_start']:.3f} -> "
                   f"{r['eval_pass@1']:.3f} ({r['wall_s']:.0f} s)", flush=True)
+        # after each objective's seeds: a sweep stopped later still leaves every finished objective's summary
+        publish(args, task, rows, out_root)
     print(f"task {args.task} {task}, embedded tiny Qwen2, {args.steps} steps x 16 prompts x 8 samples, "
           f"{args.threads} threads, rollout.sampler {args.sampler}")
     print(f"{'algorithm':9s} {'seed':>4s} {'reward@start':>12s} {'reward@end':>10s} {'lift':>6s} {'acc lift':>8s} "
@@ -114,8 +120,13 @@ def main() -> None:
                                                                     "wall_s")}
         print(f"{name:9s} {'all':>4s} {m['reward_start']:12.3f} {m['reward_end']:10.3f} {m['lift']:6.3f} "
               f"{m['accuracy_lift']:8.3f} {m['eval_start']:8.3f} {m['eval_pass@1']:6.3f} {m['wall_s']:7.1f}")
-    (out_root / "learning.json").write_text(json.dumps({"config": vars(args), "torch": torch.__version__,
-                                                        "machine": platform.machine(), "rows": rows}, indent=2))
+
+
+def publish(args: argparse.Namespace, task: dict[str, Any], rows: list[dict], out_root: Path) -> None:
+    """The summary (benchmarks/results/<out>.json), the per-run JSON and the reward curves of ``rows`` so far."""
+    (out_root / "learning.json").write_text(json.dumps({"config": vars(args), "task": task,
+                                                        "torch": torch.__version__, "machine": platform.machine(),
+                                                        "rows": rows}, indent=2))
     summary_rows = []
     for name in dict.fromkeys(r["algorithm"] for r in rows):
         mine = [r for r in rows if r["algorithm"] == name]
@@ -134,6 +145,10 @@ def main() -> None:
              else f"Objectives on fresh problems every step: task {args.task} (embedded text default)")
     write_summary(out_root, title, summary_rows, seeds=sorted({r["seed"] for r in rows}),
                   notes=NOTES.get(args.task, ""))
+    plot(args.task, rows, out_root)
+
+
+def plot(task_name: str, rows: list[dict], out_root: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in rows:
@@ -142,11 +157,12 @@ def main() -> None:
         ax.plot(smooth(r["curve"]), color=color, alpha=0.85, lw=1.2, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward (20-step moving average)")
-    ax.set_title(f"Reward on the bundled {args.task} task, embedded tiny Qwen2")
+    ax.set_title(f"Reward on the bundled {task_name} task, embedded tiny Qwen2")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_root / "learning.png", dpi=90)
+    plt.close(fig)
     print(f"wrote {out_root / 'learning.json'} and {out_root / 'learning.png'}")
 
 

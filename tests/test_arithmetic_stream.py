@@ -26,7 +26,7 @@ def parse(text: str):
     return tuple(operands), tuple(ops)
 
 
-@pytest.mark.parametrize("options", [{}, {"ops": "+-*", "terms": 3, "max_operand": 9}])
+@pytest.mark.parametrize("options", [{"max_operand": 19}, {"ops": "+-*", "terms": 3, "max_operand": 9}])
 def test_training_draws_never_hit_the_held_out_problems(options):
     task = get_task("arithmetic_stream", **options)
     assert isinstance(task.train, GeneratedRows)
@@ -37,10 +37,10 @@ def test_training_draws_never_hit_the_held_out_problems(options):
     assert not any(held_out(parse(p), 0.2) for p in trained)
     assert not held & set(trained)
     # a held-out sum is not trained on in the other order either
-    if not options:
+    if options.get("terms", 2) == 2:
         swapped = {"+".join(reversed(p.split("+"))) for p in held}
         assert not swapped & set(trained)
-    assert len(set(trained)) > 300  # fresh problems, not a handful repeated
+    assert len(set(trained)) > 250  # fresh problems, not a handful repeated
 
 
 def test_the_split_is_fixed_by_the_seed_and_rows_are_the_same_every_time():

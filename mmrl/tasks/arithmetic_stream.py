@@ -101,7 +101,7 @@ def held_out_problems(max_operand: int, ops: str, terms: int, eval_fraction: flo
 
 
 @register_task("arithmetic_stream", pretrained_options={"system_prompt": INSTRUCT_SYSTEM_PROMPT, "one_shot": True})
-def arithmetic_stream_task(max_operand: int = 19, ops: str = "+", terms: int = 2, eval_fraction: float = 0.2,
+def arithmetic_stream_task(max_operand: int = 9, ops: str = "+", terms: int = 2, eval_fraction: float = 0.2,
                            eval_size: int = 100, train_size: int = 0, seed: int = 0, format_weight: float = 0.5,
                            system_prompt: str = "", one_shot: bool = False) -> Task:
     if max_operand < 1:
