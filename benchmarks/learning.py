@@ -69,6 +69,21 @@ def run_one(name: str, seed: int, steps: int, sampler: str, eval_samples: int, o
             "wall_s": wall, "curve": rewards}
 
 
+def finished_rows(out_root: Path, args: argparse.Namespace, task: dict[str, Any]) -> dict[tuple[str, int], dict]:
+    """Rows of an earlier sweep into ``out_root`` made with the same steps, sampler, evaluation and task settings,
+    by (objective, seed): ``--reuse`` reads them instead of running them again, so a sweep can be extended."""
+    path = out_root / "learning.json"
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    same = all(earlier["config"].get(k) == getattr(args, k) for k in ("steps", "sampler", "eval_samples", "task",
+                                                                      "task_option", "lr"))
+    if not same or earlier.get("task") != task:
+        print(f"{path}: made with other settings; running every objective")
+        return {}
+    return {(r["algorithm"], r["seed"]): r for r in earlier["rows"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=500)
@@ -83,6 +98,8 @@ def main() -> None:
     parser.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
                         help="a task option (repeatable), e.g. max_operand=12")
     parser.add_argument("--lr", type=float, default=None, help="optim.lr (default: the config's)")
+    parser.add_argument("--reuse", action="store_true", help="read the runs an earlier sweep into --out made with "
+                        "the same settings instead of running them again")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/learning for --task arithmetic, "
                         "benchmarks/results/learning_<task> otherwise")
     args = parser.parse_args()
@@ -94,9 +111,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out_root = Path(args.out)
     out_root.mkdir(parents=True, exist_ok=True)
+    done = finished_rows(out_root, args, task) if args.reuse else {}
     rows = []
     for name in args.algos.split(","):
         for seed in args.seeds.split(","):
+            if (name, int(seed)) in done:
+                rows.append(done[name, int(seed)])
+                continue
             rows.append(run_one(name, int(seed), args.steps, args.sampler, args.eval_samples, out_root / "runs", task))
             r = rows[-1]
             print(f"{name} seed {seed}: reward {r['reward_start']:.3f} -> {r['reward_end']:.3f}, accuracy "
