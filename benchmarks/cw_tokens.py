@@ -4,7 +4,8 @@ For each seed: 64 training prompts x 8 samples from the embedded text model (tem
 the task's reward, advantages and covariance weights w̃ as `mmrl.algos.cw_grpo` computes them (``stats_scope
 group``, the default). Tokens of responses with a non-zero advantage are split into the answer's digits and the rest
 (answer tags, end of turn); the summary gives each kind's share of tokens, mean w̃ and share of tokens the kernel at
-least halves, and how much the per-group σ of the covariance varies between groups of 8.
+least halves, the mean w̃ of unlikely sampled tokens (p < 0.5) in responses pushed down and pushed up, and how much
+the per-group σ of the covariance varies between groups of 8.
 
     python benchmarks/cw_tokens.py [--seeds 0,1,2,3,4] [--max-operand 9]
 """
@@ -47,17 +48,22 @@ def measure(model, tokenizer, task, seed: int) -> dict[str, float]:
     stats = group_covariance_stats(old, adv, mask, group_ids)
     w = covariance_weights(old, adv, mask, stats)
     digits, rest = [], []
+    unlikely = {True: [], False: []}  # tokens sampled at probability < 0.5, by whether their response's Â > 0
     for i, r in enumerate(responses):
-        if float(adv[i]) == 0:
+        a = float(adv[i])
+        if a == 0:
             continue
         for t, token in enumerate(r.token_ids):
             (digits if tokenizer.decode([token]).strip().isdigit() else rest).append(float(w[i, t]))
+            if float(old[i, t]) < -0.693:
+                unlikely[a > 0].append(float(w[i, t]))
     sigma = stats["cov_sigma"].view(PROMPTS, GROUP)[:, 0]
     sigma = sigma[sigma > 0]
     return {"digit_share": len(digits) / (len(digits) + len(rest)), "digit_w": statistics.mean(digits),
             "digit_halved": sum(x < 0.5 for x in digits) / len(digits), "rest_w": statistics.mean(rest),
             "rest_halved": sum(x < 0.5 for x in rest) / len(rest),
-            "sigma_cv": float(sigma.std() / sigma.mean()), "sigma_ratio": float(sigma.max() / sigma.min())}
+            "sigma_cv": float(sigma.std() / sigma.mean()), "sigma_ratio": float(sigma.max() / sigma.min()),
+            "unlikely_neg_w": statistics.mean(unlikely[False]), "unlikely_pos_w": statistics.mean(unlikely[True])}
 
 
 METRICS = {
@@ -66,6 +72,8 @@ METRICS = {
     "digit_halved": "answer-digit tokens: share whose weight is at most 0.5",
     "rest_w": "other tokens (tags, end of turn): mean weight w̃",
     "rest_halved": "other tokens: share whose weight is at most 0.5",
+    "unlikely_neg_w": "tokens sampled at probability < 0.5 in responses with Â < 0 (pushed down): mean w̃",
+    "unlikely_pos_w": "tokens sampled at probability < 0.5 in responses with Â > 0 (pushed up): mean w̃",
     "sigma_cv": "σ of the covariance per group of 8: std / mean across the batch's groups",
     "sigma_ratio": "σ of the covariance per group of 8: largest / smallest in the batch",
 }
