@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import head_tail, pyplot, run_config, smooth
+from common import head_tail, pyplot, read_metrics, run_config, smooth
 from summary import result_row, write_summary
 
 import mmrl.algos as algos
@@ -55,18 +55,27 @@ def run_one(name: str, seed: int, steps: int, sampler: str, eval_samples: int, o
     # eval_every = steps: one evaluation before the first update (step 0) and one after the last
     overrides = {"algo.name": name, "run.seed": seed, "run.steps": steps, "run.eval_samples": eval_samples,
                  "run.eval_every": steps, "rollout.max_new_tokens": 12, "rollout.sampler": sampler, **task}
-    records, last, wall = run_config(overrides, out_root / f"{name}-seed{seed}")
+    records, _, wall = run_config(overrides, out_root / f"{name}-seed{seed}")
+    return summarize(name, seed, steps, records, wall)
+
+
+def summarize(name: str, seed: int, steps: int, records: list[dict], wall: float) -> dict:
+    """One run's row from its metrics.jsonl records: reward, accuracy, format rate and entropy over the first 5 and
+    the last 20 steps, held-out pass@1 at step 0 and after the last."""
     trained = [r for r in records if "reward" in r]
-    rewards = [r["reward"] for r in trained]
     start = next(r for r in records if r["step"] == 0 and "reward" not in r)
-    head, tail = head_tail(rewards)
-    acc_head, acc_tail = head_tail([r["accuracy"] for r in trained])
-    return {"algorithm": name, "seed": seed, "steps": steps, "reward_start": head, "reward_end": tail,
-            "lift": tail - head, "accuracy_start": acc_head, "accuracy_end": acc_tail,
-            "accuracy_lift": acc_tail - acc_head, "eval_start": start["eval/pass@1"],
-            "eval_pass@1": last["eval/pass@1"], "eval_lift": last["eval/pass@1"] - start["eval/pass@1"],
-            "eval_format_start": start.get("eval/format_rate"), "eval_format_end": last.get("eval/format_rate"),
-            "wall_s": wall, "curve": rewards}
+    last = next(r for r in reversed(records) if "eval/pass@1" in r)
+    row: dict[str, Any] = {"algorithm": name, "seed": seed, "steps": steps}
+    for key, label in (("reward", "reward"), ("accuracy", "accuracy"), ("format_rate", "format"),
+                       ("entropy", "entropy"), ("truncated_frac", "truncated")):
+        head, tail = head_tail([r[key] for r in trained])
+        row.update({f"{label}_start": head, f"{label}_end": tail, f"{label}_lift": tail - head})
+    row["lift"] = row["reward_lift"]
+    row.update({"eval_start": start["eval/pass@1"], "eval_pass@1": last["eval/pass@1"],
+                "eval_lift": last["eval/pass@1"] - start["eval/pass@1"],
+                "eval_format_start": start.get("eval/format_rate"), "eval_format_end": last.get("eval/format_rate"),
+                "wall_s": wall, "curve": [r["reward"] for r in trained]})
+    return row
 
 
 def finished_rows(out_root: Path, args: argparse.Namespace, task: dict[str, Any]) -> dict[tuple[str, int], dict]:
@@ -81,7 +90,11 @@ def finished_rows(out_root: Path, args: argparse.Namespace, task: dict[str, Any]
     if not same or earlier.get("task") != task:
         print(f"{path}: made with other settings; running every objective")
         return {}
-    return {(r["algorithm"], r["seed"]): r for r in earlier["rows"]}
+    runs = out_root / "runs"
+    return {(r["algorithm"], r["seed"]): summarize(r["algorithm"], r["seed"], r["steps"],
+                                                  read_metrics(runs / f"{r['algorithm']}-seed{r['seed']}"
+                                                               / "metrics.jsonl"), r["wall_s"])
+            for r in earlier["rows"]}
 
 
 def main() -> None:
@@ -154,8 +167,10 @@ def publish(args: argparse.Namespace, task: dict[str, Any], rows: list[dict], ou
         summary_rows.append(result_row(name, f"mean reward, last 20 steps minus first 5 ({args.steps} steps)",
                                        {r["seed"]: r["lift"] for r in mine}))
         if args.task != "arithmetic":  # the published arithmetic table predates the accuracy rows
-            summary_rows.append(result_row(name, f"training accuracy, last 20 steps minus first 5 ({args.steps} "
-                                           f"steps)", {r["seed"]: r["accuracy_lift"] for r in mine}))
+            for key, what in (("accuracy", "training accuracy"), ("format", "training format rate"),
+                              ("entropy", "entropy"), ("truncated", "share of responses cut at the token cap")):
+                summary_rows.append(result_row(name, f"{what}, last 20 steps minus first 5 ({args.steps} steps)",
+                                               {r["seed"]: r[f"{key}_lift"] for r in mine}))
         summary_rows.append(result_row(name, "held-out pass@1 at step 0",
                                        {r["seed"]: r["eval_start"] for r in mine}))
         summary_rows.append(result_row(name, f"held-out pass@1 at step {args.steps}",
