@@ -32,11 +32,11 @@ NOTES = {
     "arithmetic": "Training draws from the task's 80 training problems (each about 30 times in 150 steps of 16 "
                   "prompts); held-out pass@1 is on the 20 problems never trained on, 32 samples each at temperature "
                   "1, measured in the same run before the first update and after the last.",
-    "arithmetic_stream": "Every step draws 16 fresh problems from the training part of the problem space; held-out "
-                         "pass@1 is on a fixed set from the other part (no training draw can reach it), "
-                         "--eval-samples samples each at temperature 1, measured in the same run before the first "
-                         "update and after the last. Accuracy is the share of training responses whose answer is "
-                         "right, apart from the reward's format term.",
+    "arithmetic_stream": "Every step draws 16 problems afresh from the training part of the problem space (with the "
+                         "default operands 0..9 that part holds about 80 sums, so draws repeat them); held-out pass@1 "
+                         "is on the 20 sums of the other part, which no draw reaches, 32 samples each at temperature "
+                         "1, measured in the same run before the first update and after the last. Accuracy is the "
+                         "share of training responses whose answer is right, apart from the reward's format term.",
 }
 
 
@@ -180,7 +180,8 @@ def publish(args: argparse.Namespace, task: dict[str, Any], rows: list[dict], ou
     title = ("Every objective on the bundled arithmetic task (embedded text default)" if args.task == "arithmetic"
              else f"Objectives on fresh problems every step: task {args.task} (embedded text default)")
     write_summary(out_root, title, summary_rows, seeds=sorted({r["seed"] for r in rows}),
-                  notes=NOTES.get(args.task, ""))
+                  notes=NOTES.get(args.task, "") + (f" optim.lr {args.lr:g}, not the config's default (what the step "
+                                                    "size does here: docs/objectives.md)." if args.lr else ""))
     plot(args.task, rows, out_root)
 
 
