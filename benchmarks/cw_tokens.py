@@ -16,7 +16,7 @@ import argparse
 import statistics
 
 import torch
-from summary import result_row, write_summary
+from summary import add_out_arguments, result_row, write_summary
 
 import mmrl.algos as algos
 from mmrl.algos.cw_grpo import covariance_weights, group_covariance_stats
@@ -83,7 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--max-operand", type=int, default=9)
-    parser.add_argument("--out", default="benchmarks/results/cw_tokens")
+    add_out_arguments(parser, "cw_tokens")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tokenizer = load_model(EMBEDDED_NAME), load_tokenizer(EMBEDDED_NAME)

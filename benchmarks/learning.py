@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from common import head_tail, pyplot, read_metrics, run_config, smooth
-from summary import result_row, write_summary
+from summary import add_out_arguments, result_row, write_summary
 
 import mmrl.algos as algos
 
@@ -113,11 +113,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="optim.lr (default: the config's)")
     parser.add_argument("--reuse", action="store_true", help="read the runs an earlier sweep into --out made with "
                         "the same settings instead of running them again")
-    parser.add_argument("--out", default=None, help="default: benchmarks/results/learning for --task arithmetic, "
-                        "benchmarks/results/learning_<task> otherwise")
+    # the published summary of each task has its own name: learning (arithmetic), learning_<task> otherwise
+    chosen = argparse.ArgumentParser(add_help=False)
+    chosen.add_argument("--task", default="arithmetic_stream")
+    task_name = chosen.parse_known_args()[0].task
+    add_out_arguments(parser, "learning" if task_name == "arithmetic" else f"learning_{task_name}")
     args = parser.parse_args()
-    if args.out is None:
-        args.out = "benchmarks/results/learning" + ("" if args.task == "arithmetic" else f"_{args.task}")
     task: dict[str, Any] = {"task.name": args.task, **task_options(args.task_option)}
     if args.lr is not None:
         task["optim.lr"] = args.lr

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from summary import result_row, write_summary
+from summary import add_out_arguments, result_row, write_summary
 
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.models import load_model, load_tokenizer
@@ -24,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-operands", default="9,12,14,19,49,99")
     parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--out", default="benchmarks/results/stream_start")
+    add_out_arguments(parser, "stream_start")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tokenizer = load_model(EMBEDDED_NAME), load_tokenizer(EMBEDDED_NAME)
