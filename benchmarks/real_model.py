@@ -4,8 +4,9 @@ Two commands:
 
     python benchmarks/real_model.py probe [--problems 24] [--k 4]
         Starting held-out pass@1 (sampled at temperature 1, k per problem; and greedy) and format rate on each bundled
-        text task (arithmetic, countdown, math on generated word problems), with the bare question the embedded
-        models use and with the instruct chat a real model gets by default (system prompt + one worked example).
+        text task (arithmetic, countdown, math on generated word problems, arithmetic_stream's two-step problems),
+        with the bare question the embedded models use and with the instruct chat a real model gets by default
+        (system prompt + one worked example).
 
     python benchmarks/real_model.py train [--algos grpo,gpg] [--modes lora,full] [--seeds 0,1,2,3,4] [--steps 10]
         RL on the arithmetic task (where the model starts above 0). Each run is its own process (peak memory is per
@@ -60,6 +61,10 @@ def word_problems(n: int = 120, seed: int = 0) -> list[dict[str, str]]:
     return rows
 
 
+# arithmetic_stream's two-step problems (``12+7*3``): where SmolLM2, right on every one-step sum, starts below 0.5
+TWO_STEP = {"terms": 3, "ops": "+-*", "max_operand": 20}
+
+
 def probe(args: argparse.Namespace) -> None:
     import torch
 
@@ -73,7 +78,8 @@ def probe(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     math_path = out / "word_problems.jsonl"
     math_path.write_text("".join(json.dumps(r) + "\n" for r in word_problems()))
-    tasks = {"arithmetic": {}, "countdown": {}, "math": {"path": str(math_path), "eval_fraction": 0.2}}
+    tasks = {"arithmetic": {}, "countdown": {}, "math": {"path": str(math_path), "eval_fraction": 0.2},
+             "arithmetic_stream": TWO_STEP}
     tokenizer, model = load_tokenizer(MODEL), load_model(MODEL)
     rows = []
     for name in args.tasks.split(","):

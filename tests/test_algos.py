@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import mmrl.algos as algos
 from mmrl.algos.base import stats_for_rows
-from mmrl.algos.cw_grpo import covariance_stats, covariance_weights
+from mmrl.algos.cw_grpo import covariance_stats, covariance_weights, group_covariance_stats
 from mmrl.algos.gvpo import gvpo_weights
 
 ALL = sorted(algos.ALGORITHMS)
@@ -458,6 +458,20 @@ def test_cw_weights_have_mean_one_and_suppress_extreme_covariance():
     c = (lp - stats["cov_mean_logp"]) * (adv[:, None] - stats["cov_mean_adv"])
     order = torch.argsort(c[mask.bool()].abs())
     assert (w[mask.bool()][order].diff() <= 1e-6).all()  # weights decrease with |c|
+
+
+def test_cw_grpo_reports_the_share_of_tokens_its_kernel_halves():
+    torch.manual_seed(0)
+    old = -torch.rand(8, 16) * 0.1
+    old[0, 0] = old[4, 3] = -12.0  # two extreme tokens on responses with an advantage
+    rewards, groups = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 1]), torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    algo = algos.get("cw_grpo")
+    adv = algo.advantages(rewards, groups)
+    mask = torch.ones(8, 16)
+    _, metrics = algo.token_advantages(adv, old, old, mask, groups, None)
+    w = covariance_weights(old, adv, mask, group_covariance_stats(old, adv, mask, groups))
+    assert metrics["cw_halved_frac"] == pytest.approx(float((w < 0.5).float().mean()))
+    assert metrics["cw_halved_frac"] == pytest.approx(2 / 128)
 
 
 def test_cw_grpo_uses_whole_batch_statistics_in_minibatches():

@@ -134,5 +134,9 @@ class CWGRPO(GRPO):
         w = covariance_weights(old_logprobs, advantages, mask, moments)
         n = mask.sum().clamp(min=1)
         w_min = w.masked_fill(mask == 0, float("inf")).min() if mask.any() else torch.tensor(1.0)
-        metrics = {"cw_weight_mean": float((w * mask).sum() / n), "cw_weight_min": float(w_min)}
+        # the share of tokens the kernel at least halves: on short answers these are mostly the answer's own tokens
+        # (low log-prob, so the largest |c|), which is how CW-GRPO can slow the learning of what the reward checks
+        halved = ((w < 0.5) & (mask > 0)).sum() / n
+        metrics = {"cw_weight_mean": float((w * mask).sum() / n), "cw_weight_min": float(w_min),
+                   "cw_halved_frac": float(halved)}
         return w * advantages[:, None], metrics

@@ -53,6 +53,7 @@ from mmrl.run.config import TrainConfig
 from mmrl.run.loggers import WANDB_DIR, remove_event_files, remove_wandb_files, wandb_mode
 from mmrl.run.masking import MASKED_URL, mask_urls
 from mmrl.run.run_dir import CONFIG_NAME, RESUMES_NAME, RunDir, RunLayout, claim, inspect
+from mmrl.tasks.base import GeneratedRows
 
 log = logging.getLogger("mmrl.openrlhf")
 
@@ -235,6 +236,10 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     """Everything up to starting Ray. ``write=False`` (dry run) writes no file."""
     run = resolve_run(cfg)  # a bad name or hyper-parameter fails here, on the driver
     task, eval_sets, algo = run.task, run.eval_sets, run.algo
+    if isinstance(task.train, GeneratedRows):  # OpenRLHF reads its prompts from a file written here, once
+        raise UserError(f"task {task.name!r} draws fresh training problems every step, which the openrlhf backend "
+                         f"cannot read from its prompt file; give the task a fixed training set (its train_size "
+                         f"option) or use the local backend")
     spec = algorithm_spec(cfg, algo)
     check_layout(cfg, algo)
     out = cfg.out_dir.resolve()

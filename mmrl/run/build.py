@@ -28,7 +28,7 @@ from mmrl.run.config import TrainConfig, validate
 from mmrl.run.eval_sets import EvalSet, build_eval_sets
 from mmrl.run.prompts import check_prompts, encode_prompt, task_has_images
 from mmrl.tasks import Task, get_task
-from mmrl.tasks.base import EnvTask, options_for_model, sample_place
+from mmrl.tasks.base import EnvTask, checked_rows, options_for_model, sample_place
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,10 +149,11 @@ def encode_all_prompts(task: Task, tokenizer, limit: int, max_checked: int = 50_
     """Token ids of the training prompts (the prompt cache), failing at start, naming the row, if a prompt of either
     split is longer than ``rollout.max_prompt_tokens``. Splits beyond ``max_checked`` rows are encoded lazily."""
     cache = {}
-    checked = min(len(task.train), max_checked) + min(len(task.eval), max_checked)
+    train, held_out = checked_rows(task.train, max_checked), checked_rows(task.eval, max_checked)
+    checked = len(train) + len(held_out)
     bar = tqdm(total=checked, desc="checking prompt lengths", unit="row", disable=checked < 2000, mininterval=1)
-    for split, rows in (("train", task.train), ("eval", task.eval)):
-        for i, row in enumerate(rows[:max_checked]):
+    for split, rows in (("train", train), ("eval", held_out)):
+        for i, row in enumerate(rows):
             bar.update(1)
             try:
                 ids = encode_prompt(tokenizer, row["messages"], limit)

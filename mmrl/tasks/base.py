@@ -21,7 +21,7 @@ model follows, mmrl/tasks/prompts.py), while its defaults stay what the embedded
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from mmrl.errors import UserError
@@ -63,13 +63,46 @@ def options_for_model(name: str, options: dict[str, Any], embedded: bool) -> dic
     return {**TASK_PRETRAINED_OPTIONS.get(name, {}), **options}
 
 
+class GeneratedRows(Sequence):
+    """An endless training split made by code: row ``i`` is ``make_row(i)``, built when asked for and the same every
+    time. Its length is nominal (2**62); the local trainer draws row numbers at random from it every step (fresh
+    problems, no epochs), and checks that need every row read only a prefix (:data:`CHECKED_PREFIX` rows)."""
+
+    SIZE = 2**62
+    CHECKED_PREFIX = 64
+
+    def __init__(self, make_row: Callable[[int], dict[str, Any]]):
+        self.make_row = make_row
+
+    def __len__(self) -> int:
+        return self.SIZE
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.SIZE)
+            if (stop - start) // step > 1_000_000:
+                raise ValueError(f"a slice of {(stop - start) // step} generated rows; take a shorter prefix")
+            return [self.make_row(i) for i in range(start, stop, step)]
+        if not -self.SIZE <= index < self.SIZE:
+            raise IndexError(f"row {index} of a generated split of {self.SIZE} rows")
+        return self.make_row(index % self.SIZE)
+
+
+def checked_rows(rows: Sequence[dict[str, Any]], limit: int) -> Sequence[dict[str, Any]]:
+    """The rows a start-up check reads: the first ``limit``, or a generated split's first few."""
+    if isinstance(rows, GeneratedRows):
+        limit = min(limit, GeneratedRows.CHECKED_PREFIX)
+    return rows[:limit]
+
+
 @dataclasses.dataclass
 class Task:
     """A single-turn task: prompts and the reward that scores their completions.
 
     Args:
         name: the registry name (``--task``).
-        train, eval: rows; each a dict with ``messages`` (the chat prompt; image items in the qwen-vl-utils layout
+        train, eval: rows (``train`` may be endless: :class:`GeneratedRows`); each a dict with ``messages`` (the
+            chat prompt; image items in the qwen-vl-utils layout
             for tasks with images) and whatever the reward reads (``answer``, boxes, options, ...). ``eval`` is the
             held-out split, never trained on.
         reward: the :class:`mmrl.rewards.Reward` of a completion given its row.
@@ -80,7 +113,7 @@ class Task:
 
     multi_turn: ClassVar[bool] = False
     name: str
-    train: list[dict[str, Any]]
+    train: Sequence[dict[str, Any]]
     eval: list[dict[str, Any]]
     reward: Reward
     accuracy_key: str = "math_accuracy"  # reward component reported as "accuracy"
@@ -94,7 +127,7 @@ class Task:
         if not self.train:
             raise UserError(f"task {self.name!r}: the training split is empty")
         for split, rows in (("train", self.train), ("eval", self.eval)):
-            for i, row in enumerate(rows):
+            for i, row in enumerate(checked_rows(rows, len(rows))):
                 if not row.get("messages"):
                     raise UserError(f"task {self.name!r}: {split} row {i} has no prompt")
 

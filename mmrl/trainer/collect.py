@@ -30,12 +30,16 @@ log = logging.getLogger("mmrl")
 
 
 class PromptSampler:
-    """Shuffled epochs over the training split; its whole state goes into checkpoints."""
+    """Shuffled epochs over the training split; its whole state goes into checkpoints. An endless split (a task's
+    `mmrl.tasks.base.GeneratedRows`) has no epochs: every draw is a fresh row number from the same seeded RNG."""
 
-    def __init__(self, size: int, seed: int):
+    def __init__(self, size: int, seed: int, endless: bool = False):
         self.size, self.rng, self.order, self.pos = size, random.Random(seed), [], 0
+        self.endless = endless
 
     def take(self, k: int) -> list[int]:
+        if self.endless:
+            return [self.rng.randrange(self.size) for _ in range(k)]
         out = []
         while len(out) < k:
             if self.pos >= len(self.order):

@@ -62,7 +62,7 @@ from mmrl.run.run_dir import RunDir, claim, refuse_edited_config, refuse_finishe
 from mmrl.run.schedule import build_scheduler
 from mmrl.samples import SAMPLES_FILE, RunSamples, group_records
 from mmrl.tasks import Task
-from mmrl.tasks.base import EnvTask
+from mmrl.tasks.base import EnvTask, GeneratedRows
 from mmrl.trainer.collect import PromptSampler, ReplayHistory, Rollouts
 from mmrl.trainer.episodes import episode_metrics
 from mmrl.trainer.evaluate import evaluate_episode_groups, evaluate_groups
@@ -292,7 +292,8 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
         env_pool = _setup_env_pool(cfg.rollout, task)  # last: a refusal before it leaves no worker processes to stop
         if env_pool is not None:  # a refused resume or a failed config.json write leaves no worker behind
             on_failure.callback(env_pool.close)
-        rollouts = Rollouts(cfg, algo, task, policy, PromptSampler(len(task.train), cfg.run.seed),
+        sampler = PromptSampler(len(task.train), cfg.run.seed, endless=isinstance(task.train, GeneratedRows))
+        rollouts = Rollouts(cfg, algo, task, policy, sampler,
                             ReplayHistory(cfg.rollout.samples_per_prompt if cfg.rollout.replay_historical else 0),
                             _vision_prompts(cfg.rollout, task, policy.vision), env_pool)
         learner = Learner(cfg, algo, policy, ref_model, optimizer, scheduler, rollouts.turn_layout)
