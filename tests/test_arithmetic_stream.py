@@ -110,9 +110,8 @@ def test_the_endless_sampler_is_deterministic_and_resumes_where_it_stopped():
 
 
 def test_start_up_checks_read_only_a_prefix_of_an_endless_split(embedded_model_dir):
-    from mmrl.run.build import encode_all_prompts
-
     from mmrl.models import load_tokenizer
+    from mmrl.run.build import encode_all_prompts
 
     task = get_task("arithmetic_stream")
     cache = encode_all_prompts(task, load_tokenizer(str(embedded_model_dir)), limit=256)

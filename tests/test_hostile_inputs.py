@@ -292,7 +292,7 @@ def test_a_config_json_edited_since_the_checkpoint_is_refused(tmp_path):
 
 
 def test_the_lock_of_a_folder_made_read_only_is_released_without_an_error(tmp_path, monkeypatch, caplog):
-    from mmrl.trainer import run_dir
+    from mmrl.run import run_dir
 
     lock = run_dir.RunLock(tmp_path / "run")
     lock.acquire()
