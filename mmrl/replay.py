@@ -1,8 +1,8 @@
 """GVPO's off-policy π_s (the GVPO paper's Theorem 3.2): a per-prompt store of past responses, replayed into groups.
 
-One rule for both backends: the local trainer's ``ReplayHistory`` (mmrl/trainer/collect.py) stores `mmrl.batch.Response`s,
-the openrlhf backend's ``SampleReplay`` (mmrl/openrlhf/replay.py) stores OpenRLHF's single-sample experiences. This
-module knows neither; it only decides what is kept and what is replayed.
+One rule for both backends: the local trainer's ``ReplayHistory`` (mmrl/trainer/collect.py) stores
+`mmrl.batch.Response`s, the openrlhf backend's ``SampleReplay`` (mmrl/openrlhf/replay.py) stores OpenRLHF's
+single-sample experiences. This module knows neither; it only decides what is kept and what is replayed.
 
 * **Kept.** Each prompt keeps its ``capacity`` most recent fresh responses (both trainers pass ``samples_per_prompt``)
   in the order they were generated; an older one is dropped when a newer one arrives, and a replayed response is never
