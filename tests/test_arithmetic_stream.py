@@ -131,7 +131,7 @@ def test_a_run_trains_on_fresh_problems_and_resumes_the_same_draws(tmp_path, emb
     assert resumed.rollouts.sampler.rng.getstate() == after_one
     expected = PromptSampler(2**62, 0, endless=True)
     expected.take(4)
-    assert resumed.sampler.take(4) == expected.take(4)
+    assert resumed.rollouts.sampler.take(4) == expected.take(4)
 
 
 def test_the_openrlhf_backend_refuses_an_endless_split(tmp_path):
