@@ -91,7 +91,8 @@ def test_every_algorithm_trains_two_steps_on_alfworld(tmp_path, small_config, na
     assert trainer.step == 2
     records = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     for key in ("success_rate", "valid_action_rate", "format_rate", "episode_length", "env_failures", "grad_norm",
-                "eval/pass@1", "eval/success_rate", "eval/valid_action_rate", "eval/episode_length"):
+                "entropy", "lr", "kl_step", "kl_step_max", "adv_group_std", "adv_zero_spread", "eval/pass@1",
+                "eval/success_rate", "eval/valid_action_rate", "eval/episode_length"):
         assert key in last, key
     assert any(k.startswith("success/") for k in records[0])
     assert any(k.startswith("eval/success/") for k in last)
