@@ -575,3 +575,4 @@ def test_advantage_spread_within_groups():
     # stds (ddof 1): group 0 √2, groups 1 and 2 zero, group 3 one row: 0; groups 1, 2 and 3 have no spread
     assert got["adv_group_std"] == pytest.approx(math.sqrt(2) / 4)
     assert got["adv_zero_spread"] == pytest.approx(3 / 4)
+    assert got["adv_mean"] == pytest.approx(9 / 8)
