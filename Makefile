@@ -8,13 +8,22 @@ ARCH := $(shell uname -m)
 AARCH64 := $(filter aarch64 arm64,$(ARCH))
 TORCH ?= $(if $(AARCH64),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
 BIN := $(VENV)/bin
+# The venv's bin comes first on PATH, as in an activated venv. Some sdists build by calling a bare `python` (TextWorld's
+# fast-downward-textworld runs `python build.py`). Under pip's build isolation that child gets pip's sitecustomize,
+# which empties sys.path and re-adds this venv's site-packages; if `python` is another interpreter (a pyenv shim, the
+# system one), the editable mmrl .pth there runs its import with no standard library on sys.path and the build dies
+# with "No module named 'glob'". The venv's own python has already imported that .pth at start-up, so it builds.
+export PATH := $(abspath $(BIN)):$(PATH)
 # pip compiles every installed module to bytecode one file at a time, a large part of torch's install time: the
 # installs skip it and `$(COMPILE)` then compiles the venv on every core. A file that does not compile (pip's own
 # pass skips those too) compiles, or fails, when it is imported.
-PIP := $(BIN)/pip install --quiet --no-compile
+PIP := $(BIN)/pip install --quiet --no-compile -c $(LOCK)
 PURELIB = "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 COMPILE := $(BIN)/python -m compileall -qq -j 0 $(PURELIB) || true
 STEPS ?= 40
+# Every package `make setup` installs, at the version CI tested (`make lock` writes it from a working venv). torch and
+# its platform-bound family (torchvision, triton, nvidia-*, cuda-*) are left to TORCH above: torch pins its own.
+LOCK := requirements/dev-lock.txt
 # pip extras of `make setup`; a machine that needs no ALFWorld can pass EXTRAS=dev,gguf,vision (skips a ~3 min build).
 # aarch64 goes without it: TextWorld publishes x86_64 wheels only, and its source build fetches x86_64 Inform 7 tools;
 # the ALFWorld tests skip there.
@@ -35,13 +44,13 @@ TASK ?= geoqa
 # process group) start once, as in one process.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1))")
 
-.PHONY: setup demo test test-fast lint bench clean gpu-wheels
+.PHONY: setup demo test test-fast lint bench clean gpu-wheels lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed-demo: pyproject.toml Makefile | $(BIN)/python
+$(VENV)/.installed-demo: pyproject.toml Makefile $(LOCK) | $(BIN)/python
 	$(PIP) $(TORCH)
 	$(PIP) -e ".[$(DEMO_EXTRAS)]"
 	$(COMPILE)
@@ -87,9 +96,12 @@ lint: $(VENV)/.installed-lint
 	$(BIN)/hadolint docker/Dockerfile docker/Dockerfile.alfworld docker/Dockerfile.cpu
 	$(BIN)/shellcheck examples/cluster/*.sh
 
+# `make bench` writes under runs/bench/ (git ignores it); `make bench BENCH_FLAGS=--publish` replaces the published
+# summaries in benchmarks/results/ instead (then `python benchmarks/report.py` and commit both).
+BENCH_FLAGS ?=
 bench: setup
-	$(BIN)/python benchmarks/objectives.py
-	$(BIN)/python benchmarks/learning.py
+	$(BIN)/python benchmarks/objectives.py $(BENCH_FLAGS)
+	$(BIN)/python benchmarks/learning.py $(BENCH_FLAGS)
 
 # The extra packages of benchmarks/gpu_check.py as cp312 manylinux wheels, for a GPU machine without internet whose
 # stock Python 3.12 has torch and transformers but not these (docs/gpu.md). --no-deps: the file pins every one.
@@ -98,6 +110,13 @@ gpu-wheels:
 		--abi cp312 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		-r requirements/gpu-check.txt -d .whl
 	@du -sh .whl
+
+# Rewrites the lock from this venv after a deliberate upgrade; commit it with the change that needed it.
+lock: $(VENV)/.installed
+	@{ echo "# The versions \`make setup\` installs (written by \`make lock\`; Python 3.11). torch's family: the Makefile's TORCH."; \
+	  $(BIN)/pip freeze --exclude-editable | grep -v -i -E '^(torch|torchvision|triton|nvidia-[a-z0-9-]*|cuda-[a-z-]*)=='; \
+	} > $(LOCK)
+	@wc -l < $(LOCK)
 
 clean:
 	rm -rf runs .pytest_cache .hypothesis

@@ -43,7 +43,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(H
 
 import torch  # noqa: E402
 from common import QUIET, pyplot  # noqa: E402
-from summary import result_row, write_summary  # noqa: E402
+from summary import add_out_arguments, result_row, write_summary  # noqa: E402
 
 from mmrl.algos import get as get_algorithm  # noqa: E402
 from mmrl.envs.alfworld.generate import generate_games  # noqa: E402
@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "the RL runs")
     parser.add_argument("--eval-samples", type=int, default=2, help="episodes per held-out game when sampling")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results/alfworld")
+    add_out_arguments(parser, "alfworld")
     parser.add_argument("--merge", default="",
                         help="comma-separated --out dirs of earlier runs (e.g. one RL seed each, run side by side): "
                              "pool their results into --out and stop")

@@ -10,7 +10,7 @@ run's steps from its ``metrics.jsonl``; held-out greedy success is the run's eva
 last step.
 
     python benchmarks/alfworld_layouts.py --pairs grpo:episode,grpo:turn,gigpo:turn --seeds 0 --steps 2 \
-        --max-steps 50 --eval-games 8 --out benchmarks/results/alfworld_layouts
+        --max-steps 50 --eval-games 8 --publish
 
 A finished run in ``<out>/runs`` is read, not run again.
 """
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from summary import result_row, write_summary
+from summary import add_out_arguments, result_row, write_summary
 
 CONFIG = "examples/alfworld_grpo_warm_start.yaml"
 
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="RL steps per run")
     parser.add_argument("--max-steps", type=int, default=50, help="env steps per episode (task.max_steps)")
     parser.add_argument("--eval-games", type=int, default=0, help="held-out games evaluated (0: all 24)")
-    parser.add_argument("--out", default="benchmarks/results/alfworld_layouts")
+    add_out_arguments(parser, "alfworld_layouts")
     args = parser.parse_args()
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]

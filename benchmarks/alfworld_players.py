@@ -2,7 +2,7 @@
 picks a random admissible command, each for ``--episodes`` seeds per game, on the real engine. They bracket what the
 learned agent of ``benchmarks/alfworld.py`` reaches.
 
-    python benchmarks/alfworld_players.py --games benchmarks/results/alfworld/games [--max-steps 15] [--episodes 8]
+    python benchmarks/alfworld_players.py --games runs/bench/alfworld/games [--max-steps 15] [--episodes 8]
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(H
 
 import torch  # noqa: E402
 from common import run_config  # noqa: E402
+from summary import add_out_arguments  # noqa: E402
 
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
@@ -95,7 +96,7 @@ def main() -> None:
     parser.add_argument("--games-per-step", type=int, default=4, help="RL groups per step (4 episodes each)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--games-root", default="", help="games (default: the task's generated set)")
-    parser.add_argument("--out", default="benchmarks/results/alfworld_rollout")
+    add_out_arguments(parser, "alfworld_rollout", summary=False)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)

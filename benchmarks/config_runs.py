@@ -3,7 +3,9 @@ last, and the wall time, as a summary for docs/results.md.
 
 The README's and guides' example configs promise a result; this measures it with exactly that config (only
 ``--run.seed`` and ``--out`` added). Each run is its own process; a seed whose run folder already holds a finished
-run of the same config is read, not run again.
+run of the same config is read, not run again. ``--out`` names where the runs and the summary go: a folder under
+``runs/bench/`` (git ignores it) keeps them yours; one in ``benchmarks/results/``, as below, publishes the summary,
+replacing that table of docs/results.md.
 
     python benchmarks/config_runs.py --config examples/alfworld_grpo_warm_start.yaml --seeds 0 \
         --out benchmarks/results/alfworld_warm_start_grpo
@@ -90,7 +92,10 @@ def main() -> None:
                         help="comma-separated objectives: every seed runs once with each (--algo A added), in one "
                              "summary that also gives each one's rise over the first one's, seed by seed")
     parser.add_argument("--metric", default="eval/pass@1", help="the held-out metric to report")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True,
+                        help="folder of the runs; the summary is written beside it as <out>.json. Under runs/bench/ "
+                             "(git ignores it) it stays yours; in benchmarks/results/ it is published, replacing that "
+                             "table of docs/results.md (then run `python benchmarks/report.py` and commit both)")
     parser.add_argument("--note", default="", help="a sentence added to the summary's notes (e.g. how the runs "
                                                    "shared the machine)")
     parser.add_argument("overrides", nargs="*", metavar="FLAG",

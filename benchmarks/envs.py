@@ -23,8 +23,8 @@ machine, and the one that stays meaningful when other jobs share the cores. Rati
     python benchmarks/envs.py [--envs 32] [--steps 20] [--skip-uncached]
 
 Goals: pool ≥ 3× the process-per-env layout, pool per-core within 1.3× of the in-process engine.
-Prints a table and writes the results-page summary ``benchmarks/results/envs.json`` (rows and ratios in
-``benchmarks/results/envs/raw.json``).
+Prints a table and writes its summary ``runs/bench/envs.json`` (rows and ratios in ``runs/bench/envs/raw.json``);
+``--publish`` writes them into ``benchmarks/results/`` instead, the summary docs/results.md renders.
 """
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ import time
 from pathlib import Path
 
 # benchmarks/alfworld.py would shadow the alfworld package (this script's directory comes first on the import path,
-# and spawned pool workers inherit it): keep the directory out of the path
+# and spawned pool workers inherit it): keep the directory behind the installed packages, only for ``summary``
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
+
+from summary import add_out_arguments, result_row, write_summary  # noqa: E402
 
 from mmrl.envs.actions import format_action  # noqa: E402
 from mmrl.envs.alfworld import AlfWorldEnv, ensure_games, list_games  # noqa: E402
@@ -175,8 +177,7 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20, help="steps per env (after one untimed reset)")
     parser.add_argument("--skip-uncached", action="store_true", help="skip the two slow uncached layouts")
-    parser.add_argument("--out", default="benchmarks/results/envs",
-                        help="folder of the raw rows; the summary is written beside it as <out>.json")
+    add_out_arguments(parser, "envs")
     args = parser.parse_args()
 
     # before the runs: the process-per-env layouts' own 32 workers would count in it afterwards
@@ -222,9 +223,6 @@ def main() -> None:
     print()
     for key, value in ratios.items():
         print(f"{key}: {value:.2f}")
-    sys.path.insert(0, str(HERE))  # the pools are closed: nothing spawned from here any more
-    from summary import result_row, write_summary
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "raw.json").write_text(json.dumps({"envs": args.envs, "steps": args.steps, "cores": cores,

@@ -6,8 +6,8 @@ worker deaths during an ALFWorld run. Each trial is a fresh run of the embedded 
 
     python benchmarks/faults.py [--trials 3] [--only sigterm,disk_full,...]
 
-Prints a table and writes the results-page summary ``benchmarks/results/faults.json``: per category, how many runs
-ended each way.
+Prints a table and writes a summary, per category how many runs ended each way, to ``runs/bench/faults.json``;
+``--publish`` writes it as ``benchmarks/results/faults.json``, the one docs/results.md renders.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from summary import add_out_arguments, write_summary
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--rollout.prompts_per_step", "4", "--rollout.samples_per_prompt", "4", "--rollout.max_new_tokens", "12",
@@ -214,8 +216,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--kill-trials", type=int, default=10, help="SIGKILLs during checkpoint writes")
     parser.add_argument("--only", default="", help="comma-separated categories")
-    parser.add_argument("--out", default="benchmarks/results/faults",
-                        help="the summary is written as <out>.json")
+    add_out_arguments(parser, "faults")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mmrl-faults-"))
     categories = {
@@ -239,9 +240,6 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0]
     print(f"\nload average {load:.1f}")
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from summary import write_summary
-
     # outcomes are counted, not measured: a table of them, as the trial's cases
     cases = [{"case": name, "what": what, "outcome": f"{count} ×"}
              for name, result in results.items() for what, count in result["outcomes"].items()]

@@ -24,9 +24,10 @@ Four sections, each a block of the printed table and of the JSON (docs/gpu.md sa
 
 ``--tiny`` keeps every section but shrinks it (tiny models, a few steps) so that the whole logic runs in well under a
 minute on a CPU. A figure is labelled with the device it was measured on: a CPU run reports no GPU and no MFU.
-Writes one JSON (``--json``, default ``benchmarks/results/gpu_check-<device>-<UTC time>.json``). Exit status 0 when
-every check passes, 1 when one fails, 2 when the command line asks for what cannot be (``--device cuda`` without
-CUDA).
+Writes one JSON (``--json``, default ``runs/bench/gpu_check-<device>-<UTC time>.json``, which git ignores); the
+results page shows a check only once it is published on purpose (``--from <json> --publish``, docs/gpu.md). Exit
+status 0 when every check passes, 1 when one fails, 2 when the command line asks for what cannot be (``--device cuda``
+without CUDA).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a GPU machine here has no internet; nothing is downloaded
 
 import torch  # noqa: E402
-from summary import command_line  # noqa: E402
+from summary import RUNS, add_out_arguments, command_line  # noqa: E402
 
 from mmrl.cache import EMBEDDED_NAME, EMBEDDED_VL_NAME  # noqa: E402
 
@@ -716,7 +717,7 @@ def default_json(device: torch.device, tiny: bool) -> Path:
     if device.type == "cuda":
         label = "cuda-" + re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return Path("benchmarks/results") / f"gpu_check-{label}{'-tiny' if tiny else ''}-{stamp}.json"
+    return RUNS / f"gpu_check-{label}{'-tiny' if tiny else ''}-{stamp}.json"
 
 
 def main() -> int:
@@ -724,18 +725,19 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default), cpu or auto")
     parser.add_argument("--tiny", action="store_true", help="tiny models and a few steps: the logic, not the figures")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
-    parser.add_argument("--json", help="where to write the result (default: benchmarks/results/gpu_check-...json)")
+    parser.add_argument("--json", help=f"where to write the result (default: {RUNS}/gpu_check-<device>-<UTC "
+                        "time>.json, a folder of yours that git ignores)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--vl-model", default="", help="the Qwen-VL model of the image and geoqa checks (default: "
                         f"{EMBEDDED_VL_NAME}; with --tiny an untrained one of its shape)")
     parser.add_argument("--no-cpu-reference", action="store_true",
                         help="on a GPU, skip the learning runs on the CPU beside it")
-    parser.add_argument("--summary", default="", help="also write a summary for docs/results.md: OUT gives OUT.json "
-                        "(e.g. benchmarks/results/gpu_check)")
+    add_out_arguments(parser, "gpu_check", option="--summary", default="",
+                      what="also write a summary for docs/results.md: OUT gives OUT.json")
     parser.add_argument("--from", dest="from_json", action="append", default=[], metavar="JSON",
                         help="run nothing: print the table of these results (several: each section from the last "
                              "one that has it), and with --summary summarise them")
-    parser.add_argument("--note", default="", help="with --summary: a paragraph for the summary's notes")
+    parser.add_argument("--note", default="", help="with --summary or --publish: a paragraph for the summary's notes")
     args = parser.parse_args()
     if args.from_json:
         result = merge_results([json.loads(Path(f).read_text()) for f in args.from_json])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from common import head_tail, pyplot, run_config, smooth
-from summary import result_row, write_summary
+from summary import add_out_arguments, result_row, write_summary
 
 import mmrl.algos as algos
 
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--sampler", default="mmrl", help="rollout.sampler: mmrl (default) or hf (transformers' "
                         "generate)")
     parser.add_argument("--eval-samples", type=int, default=32, help="samples per held-out problem at each evaluation")
-    parser.add_argument("--out", default="benchmarks/results/learning")
+    add_out_arguments(parser, "learning")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out_root = Path(args.out)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from common import head_tail, pyplot, run_config, smooth
+from summary import add_out_arguments
 
 CURVES = [("reward", "mean reward"), ("kl_init", "KL(π || π_init)"), ("grad_norm", "grad norm"),
           ("moe/routing_mismatch", "routing mismatch (training vs rollout)")]
@@ -40,7 +41,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--lr", type=float, default=5e-4, help="1e-3 with 4 mini-batches collapses early on the MoE")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results/moe")
+    add_out_arguments(parser, "moe", summary=False)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)

@@ -10,11 +10,11 @@ does part of the work, so it is wall time. The raw file in ``--out`` keeps both 
     python benchmarks/objectives.py [--n 64] [--t 1024] [--group 8] [--repeats 30] [--runs 1] [--threads 2]
 
 ``--against-verl`` times, in the same interleaved rounds, verl's own implementation of each objective verl has
-(``verl.trainer.ppo.core_algos``: the GRPO / Dr.GRPO / GPG advantage estimators, the vanilla, gpg, geo_mean,
-clip_cov and kl_cov policy losses, its ``agg_loss`` modes) on the same tensors, and reports per objective mmrl's
-milliseconds, verl's, and their ratio. Where both compute the same loss, it first checks that they give the same loss
-and gradient, and refuses to time if not; benchmarks/verl_objectives.py lists the pairs, says where they differ by
-design, and how to install verl outside the repository (it is not an mmrl dependency):
+(``verl.trainer.ppo.core_algos``: the GRPO / Dr.GRPO / GPG advantage estimators, the vanilla, gpg, geo_mean, gspo,
+cispo, sapo, clip_cov and kl_cov policy losses, its ``agg_loss`` modes) on the same tensors, and reports per
+objective mmrl's milliseconds, verl's, and their ratio. Where both compute the same loss, it first checks that they
+give the same loss and gradient, and refuses to time if not; benchmarks/verl_objectives.py lists the pairs, says
+where they differ by design, and how to install verl outside the repository (it is not an mmrl dependency):
 
     python benchmarks/objectives.py --against-verl --verl-path /tmp/verl --threads 1 --runs 5
 """
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 import verl_objectives as vo
-from summary import result_row, write_summary
+from summary import add_out_arguments, result_row, write_summary
 
 import mmrl.algos as algos
 from mmrl.errors import UserError
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="time verl's own implementation of each objective beside mmrl's")
     parser.add_argument("--verl-path", metavar="DIR",
                         help="folder verl is installed in (pip install --target DIR); implies --against-verl")
-    parser.add_argument("--out", default="benchmarks/results/objectives")
+    add_out_arguments(parser, "objectives")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.repeats < 1:
         print("objectives: --runs and --repeats must be >= 1", file=sys.stderr)

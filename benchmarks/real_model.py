@@ -15,7 +15,7 @@ Two commands:
         Writes JSON, a table and a PNG of held-out pass@1 over steps. Target: lift >= 0.15, mean of 5 seeds, <= 45 min
         per run on 2 idle cores.
 
-Results go to ``--out`` (default benchmarks/results/real_model).
+Results go to ``--out`` (default runs/bench/real_model; ``--publish``: benchmarks/results/real_model).
 """
 
 from __future__ import annotations
@@ -254,6 +254,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
+    sys.path.insert(0, str(HERE))
+    from summary import add_out_arguments
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("probe")
@@ -280,7 +283,7 @@ def main() -> None:
     t.add_argument("--lora-rank", type=int, default=16)
     for q in (p, t):
         q.add_argument("--threads", type=int, default=1)
-        q.add_argument("--out", default="benchmarks/results/real_model")
+        add_out_arguments(q, "real_model")
     one = sub.add_parser("_one")  # internal: one training run in a fresh process
     one.add_argument("--run-dir", required=True)
     one.add_argument("--overrides", required=True)

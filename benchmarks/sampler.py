@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from summary import add_out_arguments
 
 from mmrl.models import load_model, load_tokenizer
 from mmrl.tasks import get_task
@@ -40,7 +41,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--out", default="benchmarks/results/sampler")
+    add_out_arguments(parser, "sampler", summary=False)
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tokenizer = load_model(args.model), load_tokenizer(args.model)

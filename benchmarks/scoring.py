@@ -34,6 +34,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(H
 
 import torch  # noqa: E402
 from common import run_config  # noqa: E402
+from summary import add_out_arguments  # noqa: E402
 
 from mmrl.models import load_model, load_tokenizer  # noqa: E402
 from mmrl.tasks import get_task  # noqa: E402
@@ -101,7 +102,7 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=2)
     parser.add_argument("--sft-steps", type=int, default=5, help="SFT warm-up steps per setting (0: none)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="benchmarks/results/scoring")
+    add_out_arguments(parser, "scoring", summary=False)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)

@@ -1,11 +1,12 @@
 """The compact result file every benchmark writes, and that docs/results.md is generated from.
 
-A benchmark keeps its bulky output (runs, curves, per-step records) in its ``--out`` folder, which git ignores, and
-writes one summary beside it: ``<out>.json`` (``--out benchmarks/results/learning`` gives
-``benchmarks/results/learning.json``). A summary is small (< 100 KB) and is committed; ``python benchmarks/report.py``
-renders every committed summary into docs/results.md. A summary says how to get the figure again (the command, the
-machine, the versions, the seeds) and holds the figure's per-seed values, so the page states mean, standard error and
-range from data rather than from prose.
+A benchmark keeps its bulky output (runs, curves, per-step records) in its ``--out`` folder and writes one summary
+beside it: ``<out>.json``. By default ``--out`` is ``runs/bench/<name>``, which git ignores, so trying a benchmark
+leaves the checkout as it was. ``--publish`` writes into ``benchmarks/results/<name>`` instead (``--publish`` of
+learning.py gives ``benchmarks/results/learning.json``), replacing the published summary of that table. A published
+summary is small (< 100 KB) and is committed; ``python benchmarks/report.py`` renders every one into docs/results.md.
+A summary says how to get the figure again (the command, the machine, the versions, the seeds) and holds the
+figure's per-seed values, so the page states mean, standard error and range from data rather than from prose.
 
     rows = [result_row("gpg", "held-out pass@1 lift", {0: 0.17, 1: 0.12, 2: 0.15})]
     write_summary(Path(args.out), "Embedded geoqa demo: GPG lifts held-out pass@1", rows, seeds=[0, 1, 2])
@@ -13,6 +14,7 @@ range from data rather than from prose.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
@@ -28,8 +30,43 @@ from typing import Any
 
 SCHEMA = "mmrl-result/1"
 MAX_BYTES = 100_000
+ROOT = Path(__file__).resolve().parent.parent
+PUBLISHED = ROOT / "benchmarks" / "results"  # what docs/results.md renders; written only on --publish
+RUNS = Path("runs") / "bench"  # a user's own runs; git ignores every runs/ folder
 # The CPU flags that decide which kernels PyTorch and MKL pick, and so the last bits of every float result.
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "fma", "asimd", "sve")
+
+
+def published(name: str) -> Path:
+    """``benchmarks/results/<name>``, relative when run from the repository root (as the published commands are)."""
+    path = PUBLISHED / name
+    try:
+        return path.relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path
+
+
+def add_out_arguments(parser: argparse.ArgumentParser, name: str, *, option: str = "--out",
+                      default: str | None = None, summary: bool = True,
+                      what: str = "folder of the run's own files; the summary is written beside it as <out>.json",
+                      ) -> None:
+    """``option`` (``--out``) and, for a benchmark that writes a summary, ``--publish``, which sets it to
+    ``benchmarks/results/<name>``; the two exclude each other. ``default``: where a run goes without either
+    (``runs/bench/<name>``; "" for no summary). Results are published on purpose only: a default run leaves the
+    published figures, and the checkout, as they were."""
+    default = str(RUNS / name) if default is None else default
+    where = f"default: {default}, a folder of yours that git ignores" if default else "default: none"
+    if not summary:
+        parser.add_argument(option, default=default, help=f"folder of the run's files ({where}); this benchmark "
+                            "writes no summary for docs/results.md")
+        return
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(option, default=default, help=f"{what} ({where}; with --publish: {published(name)})")
+    group.add_argument("--publish", dest=option.lstrip("-").replace("-", "_"), action="store_const",
+                       const=str(published(name)),
+                       help=f"publish: the summary goes to {published(name)}.json, replacing the one docs/results.md "
+                            f"renders (the run's files, if any, beside it in {published(name)}/); then run "
+                            "`python benchmarks/report.py` and commit both")
 
 
 def machine() -> dict[str, Any]:
@@ -54,10 +91,9 @@ def machine() -> dict[str, Any]:
 def source_commit() -> str | None:
     """The git commit of the code that measured, with ``+changes`` when tracked files differ from it (the results
     folder aside: writing results changes it); None outside a git checkout."""
-    root = Path(__file__).resolve().parent.parent
     try:
         def git(*args: str) -> str:
-            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True,
+            return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True,
                                   timeout=30).stdout.strip()
 
         head = git("rev-parse", "HEAD")
@@ -110,13 +146,12 @@ def command_line(argv: list[str] | None = None) -> str:
 def publish_figure(out: Path, png: Path) -> str | None:
     """Copy a benchmark's PNG to ``docs/img/<out name>.png`` when its summary is one of the repository's own
     (``out`` inside benchmarks/results/), and return that path for the summary; elsewhere leave the docs alone."""
-    root = Path(__file__).resolve().parent.parent
-    if Path(out).resolve().parent != root / "benchmarks" / "results" or not Path(png).is_file():
+    if Path(out).resolve().parent != PUBLISHED or not Path(png).is_file():
         return None
-    target = root / "docs" / "img" / f"{Path(out).name}.png"
+    target = ROOT / "docs" / "img" / f"{Path(out).name}.png"
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(png, target)
-    return target.relative_to(root).as_posix()
+    return target.relative_to(ROOT).as_posix()
 
 
 def write_summary(out: Path, title: str, rows: list[dict[str, Any]], *, seeds: list[int], notes: str = "",

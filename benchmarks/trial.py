@@ -9,7 +9,7 @@ case, write a function ``(work: Path) -> (outcome, detail)`` and decorate it wit
 
 ``--skip-runs`` leaves out the cases that train the embedded tiny model (SIGTERM and resume, two runs into one
 folder, a damaged checkpoint; ``benchmarks/faults.py`` repeats those with more trials). Prints the table and writes
-``benchmarks/results/trial.json``.
+``runs/bench/trial.json``; ``--publish`` writes ``benchmarks/results/trial.json``, the one docs/results.md renders.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 # the repository, not this folder, first on the path: benchmarks/alfworld.py would shadow the alfworld package
 sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.append(str(Path(__file__).resolve().parent))  # behind the packages: for summary only
-from summary import result_row, write_summary  # noqa: E402
+from summary import add_out_arguments, result_row, write_summary  # noqa: E402
 
 CLEAR, RIGHT, CRASH, WRONG, LOST, RAN_CODE = ("clear error", "right result", "crash", "silently wrong", "data lost",
                                              "ran code")
@@ -516,8 +516,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated case names")
     parser.add_argument("--skip-runs", action="store_true", help="leave out the cases that train the tiny model")
-    parser.add_argument("--out", default="benchmarks/results/trial",
-                        help="writes <out>.json, the summary docs/results.md is rendered from")
+    add_out_arguments(parser, "trial")
     args = parser.parse_args()
     chosen = [c for c in CASES if (not args.only or c.name in args.only.split(","))
               and not (args.skip_runs and c.trains)]

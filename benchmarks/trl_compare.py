@@ -10,7 +10,7 @@ Prints a table (steps/s, generated tokens/s, peak RSS, mean reward over the firs
 ``trl_compare.json`` and ``trl_compare.png`` (reward curves side by side) into ``--out``.
 
     python benchmarks/trl_compare.py [--steps 100] [--seeds 0] [--threads 1]
-    python benchmarks/trl_compare.py --report benchmarks/results/trl_compare/trl_compare.json   # re-print a run
+    python benchmarks/trl_compare.py --report runs/bench/trl_compare/trl_compare.json   # re-print a run
 
 The two runs are the same algorithm with the same settings; each equivalence, as read in TRL 1.16.0's
 ``trl/trainer/grpo_trainer.py`` and ``grpo_config.py``:
@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from common import pyplot, smooth
-from summary import command_line, result_row, write_summary
+from summary import add_out_arguments, command_line, result_row, write_summary
 
 SIDES = ("trl", "mmrl")
 
@@ -445,7 +445,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=12)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--out", default="benchmarks/results/trl_compare")
+    add_out_arguments(parser, "trl_compare")
     parser.add_argument("--report", metavar="JSON", help="only re-print the table and PNG of a saved trl_compare.json")
     args = parser.parse_args()
     if args.report:

@@ -71,11 +71,20 @@ class VerlPass:
     estimator: str
     loss_mode: str
     agg: str
-    clip: float = 0.2
+    clip: float = 0.2  # clip_ratio_low, and clip_ratio_high unless clip_high is set
     estimator_kwargs: tuple[tuple[str, Any], ...] = ()
+    clip_high: float | None = None
+    config_kwargs: tuple[tuple[str, Any], ...] = ()  # further ActorConfig fields (SAPO's temperatures)
 
     def describe(self) -> str:
-        return f"adv_estimator={self.estimator}, loss_mode={self.loss_mode}, loss_agg_mode={self.agg}"
+        text = f"adv_estimator={self.estimator}, loss_mode={self.loss_mode}, loss_agg_mode={self.agg}"
+        if self.clip_high is not None or self.clip != 0.2:
+            text += f", clip_ratio_low={self.clip:g}, clip_ratio_high={self.high:g}"
+        return text + "".join(f", {k}={v}" for k, v in self.config_kwargs)
+
+    @property
+    def high(self) -> float:
+        return self.clip if self.clip_high is None else self.clip_high
 
 
 VERL_PASSES = {
@@ -92,6 +101,14 @@ VERL_PASSES = {
                          estimator_kwargs=(("norm_adv_by_std_in_grpo", True),)),
     "kl_cov": VerlPass("grpo", "kl_cov", "seq-mean-token-mean",
                        estimator_kwargs=(("norm_adv_by_std_in_grpo", True),)),
+    # the papers' settings, which are mmrl's defaults: GSPO's clip range (3e-4, 4e-4) averaged per response; CISPO's
+    # weight without a lower bound (1 - 1.0 = 0) and ScaleRL's ε_max 5.0, over tokens; SAPO's temperatures
+    "gspo": VerlPass("grpo", "gspo", "seq-mean-token-mean", clip=3e-4, clip_high=4e-4,
+                     estimator_kwargs=(("norm_adv_by_std_in_grpo", True),)),
+    "cispo": VerlPass("grpo", "cispo", "token-mean", clip=1.0, clip_high=5.0,
+                      estimator_kwargs=(("norm_adv_by_std_in_grpo", True),)),
+    "sapo": VerlPass("grpo", "sapo", "seq-mean-token-mean", estimator_kwargs=(("norm_adv_by_std_in_grpo", True),),
+                     config_kwargs=(("tau_pos", 1.0), ("tau_neg", 1.05))),
 }
 
 SAME = "same loss"
@@ -120,6 +137,11 @@ GPG_ALPHA = ("verl's GPG estimator sets α = B / (responses with a non-zero rewa
 VANILLA = ("they differ only where these batches never go: verl's dual-clip (ρ > 3 with Â < 0), a group of one "
            "(verl keeps its raw score, mmrl gives 0), a response with no token (verl's sequence mean skips it)")
 GEO_MEAN = "verl's geo_mean takes sign(0) = 0 where mmrl takes +1: the same loss, since such a response has Â = 0"
+GSPO = ("verl computes GSPO-token's ratio (one value per response, the same gradient with one advantage per "
+        "response) and clamps its log above at 10 where mmrl clamps at 20: they differ only for a response with "
+        "Â < 0 more than e^10 above π_old, which these batches never reach")
+CISPO = "both write Eq. 4's value, sg(clip(ρ))·Â·log π, whose gradient is the paper's"
+SAPO = "verl and mmrl both give Â = 0 the negative temperature (its loss is 0 either way)"
 PAIRS = (
     Pair("grpo", "grpo", "grpo", SAME, VANILLA),
     Pair("grpo vs verl grpo_vectorized", "grpo", "grpo_vectorized", SAME, VANILLA),
@@ -127,6 +149,10 @@ PAIRS = (
     Pair("dr_grpo", "dr_grpo", "dr_grpo", SAME, VANILLA),
     Pair("gpg", "gpg", "gpg", SAME_BUT_ALPHA, GPG_ALPHA),
     Pair("gmpo", "gmpo", "geo_mean", SAME, GEO_MEAN),
+    Pair("gspo", "gspo", "gspo", SAME, GSPO),
+    Pair("gspo variant=token", "gspo", "gspo", SAME, GSPO, params=(("variant", "token"),)),
+    Pair("cispo", "cispo", "cispo", SAME, CISPO),
+    Pair("sapo", "sapo", "sapo", SAME, SAPO),
     Pair("cw_grpo vs verl grpo", "cw_grpo", "grpo", DIFFERENT,
          "verl has no CW-GRPO: its plain GRPO pass is the cost CW-GRPO's covariance weights add to"),
     Pair("cw_grpo vs verl clip_cov", "cw_grpo", "clip_cov", DIFFERENT,
@@ -164,9 +190,9 @@ class Verl:
         n = len(batch.rewards)
         return self.config.ActorConfig(
             strategy="fsdp", rollout_n=int(torch.bincount(batch.groups).max()), ppo_mini_batch_size=n,
-            ppo_micro_batch_size_per_gpu=n, clip_ratio=vp.clip, clip_ratio_low=vp.clip, clip_ratio_high=vp.clip,
+            ppo_micro_batch_size_per_gpu=n, clip_ratio=vp.clip, clip_ratio_low=vp.clip, clip_ratio_high=vp.high,
             loss_agg_mode=vp.agg, policy_loss=self.config.PolicyLossConfig(loss_mode=vp.loss_mode),
-            use_torch_compile=False)
+            use_torch_compile=False, **dict(vp.config_kwargs))
 
     def bind(self, vp: VerlPass, batch: Batch) -> VerlObjective:
         return VerlObjective(self.core.get_adv_estimator_fn(vp.estimator), dict(vp.estimator_kwargs),

@@ -12,10 +12,11 @@ curves of every objective, and a step's time split.
    tower run once per prompt (``--model.share_image_features true``, the default) and once per response (false),
    side by side in one process.
 
-Writes ``benchmarks/results/vision/vision.json``, ``vision.png`` and ``table.md``.
+Writes ``runs/bench/vision/vision.json``, ``vision.png`` and ``table.md`` (``--publish``: into
+``benchmarks/results/vision/``, with the summary the results page renders).
 
     python benchmarks/vision.py curves [--algos gpg,grpo] [--tasks geoqa,grounding-iou,grounding-giou] [--seeds 0,1,2]
-                                       [--lr 2.5e-4 --out benchmarks/results/vision-lr2.5e-4]
+                                       [--lr 2.5e-4 --out runs/bench/vision-lr2.5e-4]
     python benchmarks/vision.py timing [--timing-steps 4]
     python benchmarks/vision.py summarise
 """
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 from common import QUIET, pyplot
-from summary import publish_figure, result_row, write_summary
+from summary import add_out_arguments, publish_figure, result_row, write_summary
 
 from mmrl.tasks.grounding import GROUNDING_DEFAULTS
 from mmrl.trainer.config import resolve_config
@@ -240,7 +241,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.0,
                         help="peak lr of every run (0: the task's own); give each lr its own --out")
-    parser.add_argument("--out", default="benchmarks/results/vision")
+    add_out_arguments(parser, "vision")
     args = parser.parse_args()
     out = Path(args.out)
     if args.part == "timing":

@@ -18,11 +18,11 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from summary import add_out_arguments, result_row, write_summary
 
 from mmrl.rewards import get_reward
 from mmrl.vision.boxes import as_boxes, paired_iou, parse_boxes
@@ -69,8 +69,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="benchmarks/results/vision_rewards",
-                        help="the summary is written as <out>.json")
+    add_out_arguments(parser, "vision_rewards")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     texts, samples, det_texts, det_samples = completions(args.n, random.Random(0))
@@ -93,9 +92,6 @@ def main() -> None:
     print(f"{'step':<24} {'total ms':>10} {'us / completion':>16}   (n = {args.n}, {args.threads} thread(s))")
     for name, seconds in rows.items():
         print(f"{name:<24} {seconds * 1e3:>10.1f} {seconds / args.n * 1e6:>16.2f}")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from summary import result_row, write_summary
-
     summary_rows = [result_row(name, "time per completion, median of repeats", {0: seconds / args.n * 1e6},
                                unit="µs") for name, seconds in rows.items()]
     write_summary(Path(args.out), "Cost of the vision rewards per completion", summary_rows, seeds=[0],

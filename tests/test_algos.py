@@ -43,8 +43,8 @@ def run(name, rewards, group_ids, logprobs, old, mask, **params):
 # ------------------------------------------------------------------------------------------ contract
 
 
-def test_registry_has_the_seven_objectives():
-    assert set(ALL) == {"grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo", "gigpo"}
+def test_registry_has_the_ten_objectives():
+    assert set(ALL) == {"grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo", "gigpo", "gspo", "cispo", "sapo"}
 
 
 def test_unknown_algorithm_and_parameter_fail_with_one_clear_line():
@@ -538,6 +538,45 @@ def test_cw_grpo_equals_grpo_when_covariance_vanishes():
     l_cw, _, _ = run("cw_grpo", r, g, lp, old, mask)
     l_grpo, _, _ = run("grpo", r, g, lp, old, mask)
     assert float(l_cw.detach()) == pytest.approx(float(l_grpo.detach()))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_dynamic_sampling_is_the_resampling_rule_with_every_group_valid(name):
+    """DAPO's dynamic sampling as an option of every objective: the loop's resampling rule (GPG's mechanism) asking
+    for every group to have reward spread, at most ``dynamic_sampling`` extra rounds."""
+    assert algos.hyperparameters(name)["dynamic_sampling"] == 0
+    assert algos.get(name, dynamic_sampling=4).resampling() == algos.Resampling(valid_fraction=1.0, max_rounds=4)
+    default = algos.get(name).resampling()
+    assert default == (algos.Resampling(0.6, 20) if name == "gpg" else algos.Resampling())
+    with pytest.raises(ValueError, match="dynamic_sampling must be >= 0"):
+        algos.get(name, dynamic_sampling=-1)
+
+
+def test_overlong_penalty_is_dapos_equation_13():
+    """0 up to L_max - L_cache, then linear down to -1 at L_max, -1 beyond; times the factor."""
+    from mmrl.algos.base import overlong_penalty
+
+    lengths = torch.tensor([0, 10, 12, 13, 14, 16, 20])
+    want = torch.tensor([0.0, 0.0, 0.0, -0.25, -0.5, -1.0, -1.0])
+    torch.testing.assert_close(overlong_penalty(lengths, max_length=16, buffer=4), want)
+    torch.testing.assert_close(overlong_penalty(lengths, max_length=16, buffer=4, factor=0.5), want / 2)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_overlong_shaping_is_an_option_of_every_objective(name):
+    r, lengths = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([5, 15, 16])
+    assert algos.get(name).shaped_rewards(r, lengths) is r  # off by default
+    algo = algos.get(name, overlong_buffer=4, overlong_penalty=0.5)
+    with pytest.raises(ValueError, match="with_length_budget"):
+        algo.shaped_rewards(r, lengths)
+    budgeted = algo.with_length_budget(16)
+    assert budgeted.max_length == 16 and algos.get(name, overlong_buffer=4, max_length=8).with_length_budget(
+        16).max_length == 8  # an explicit L_max stays
+    torch.testing.assert_close(budgeted.shaped_rewards(r, lengths), torch.tensor([1.0, -0.375, 0.5]))
+    with pytest.raises(ValueError, match="0 < overlong_buffer <= max_length"):
+        algos.get(name, overlong_buffer=4).with_length_budget(3)
+    with pytest.raises(ValueError, match="overlong_buffer and overlong_penalty must be >= 0"):
+        algos.get(name, overlong_penalty=-1.0)
 
 
 def test_hyper_parameter_types_are_checked_with_one_line():

@@ -68,6 +68,23 @@ def test_both_backends_build_the_identical_objective(name, task, tmp_path):
         assert remote.max_tokens == local.max_tokens == budget == response_budget(cfg, multi_turn)
 
 
+def test_overlong_shaping_takes_the_response_budget_and_refuses_episodes(tmp_path):
+    """DAPO's L_max defaults to the generation budget on both backends; a multi-turn task's episodes are refused at
+    start (their reward is the episode's, their length an episode's)."""
+    pytest.importorskip("openrlhf", reason="make setup installs OpenRLHF 0.11.2 (--no-deps)")
+    from mmrl.openrlhf.launch import resolve_launch
+
+    cfg = parse_config(["--backend", "openrlhf", "--algo", "sapo", "--algo.overlong_buffer", "4", "--task",
+                        "arithmetic", "--out", str(tmp_path / "run"), *CLUSTER])
+    local = build_algorithm(cfg, False)
+    assert local.max_length == cfg.rollout.max_new_tokens
+    assert algos.get("sapo", overlong_buffer=4).max_length is None  # until the budget is known
+    remote = resolve_launch(cfg, write=False).args.mmrl
+    assert remote["params"]["max_length"] == local.max_length and remote["params"]["overlong_buffer"] == 4
+    with pytest.raises(ValueError, match="single-turn"):
+        build_algorithm(cfg, True)
+
+
 def test_dry_run_of_an_image_task_names_the_vision_model(tmp_path, capsys):
     """``--backend openrlhf --task geoqa --dry-run`` without ``--model``: the task's declared default, the embedded
     Qwen2.5-VL, is the model OpenRLHF is given (not the text default)."""

@@ -89,14 +89,15 @@ def test_cli_error_is_one_line_and_exit_code_2():
     proc = subprocess.run([sys.executable, "-m", "mmrl.train", "--algo", "ppo", "--steps", "1"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["error: unknown algorithm 'ppo'; choose one of: cw_grpo, dr_grpo, "
-                                                "gigpo, gmpo, gpg, grpo, gvpo"]
+    assert proc.stderr.strip().splitlines() == ["error: unknown algorithm 'ppo'; choose one of: cispo, cw_grpo, "
+                                                "dr_grpo, gigpo, gmpo, gpg, grpo, gspo, gvpo, sapo"]
 
 
 def test_help_lists_algorithms_and_tasks():
     proc = subprocess.run([sys.executable, "-m", "mmrl.train", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
-    for name in ("grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo", "arithmetic", "math", "--rollout.temperature"):
+    for name in ("grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo", "gspo", "cispo", "sapo", "arithmetic", "math",
+                 "--rollout.temperature"):
         assert name in proc.stdout
 
 

@@ -32,8 +32,9 @@ def gigpo(**params):
     return algos.get("gigpo", **params)
 
 
-def test_gigpo_is_the_seventh_objective_and_declares_what_it_needs():
-    assert set(algos.ALGORITHMS) == {"grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo", "gigpo"}
+def test_gigpo_is_registered_and_declares_what_it_needs():
+    assert set(algos.ALGORITHMS) == {"grpo", "dr_grpo", "gpg", "gvpo", "gmpo", "cw_grpo", "gigpo", "gspo",
+                                     "cispo", "sapo"}
     assert algos.ALGORITHMS["gigpo"].needs_steps and not algos.ALGORITHMS["grpo"].needs_steps
     assert not algos.ALGORITHMS["gvpo"].trains_turns and algos.ALGORITHMS["gigpo"].trains_turns
     defaults = algos.hyperparameters("gigpo")

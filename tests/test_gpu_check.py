@@ -1,10 +1,15 @@
 """benchmarks/gpu_check.py, the one-command check for a GPU machine, run at tiny sizes on the CPU: every section's
-logic works before a GPU is lent, and a CPU run never reports GPU figures."""
+logic works before a GPU is lent, and a CPU run never reports GPU figures.
+
+The tiny check runs as docs/gpu.md gives it, with its default arguments, in a copy of the tracked files made into a
+fresh git repository (as a fresh clone): trying it, or another benchmark, leaves the checkout as it was. A default run
+writes under runs/bench/ (git ignores it), never into benchmarks/results/; publishing is the explicit --publish."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +28,49 @@ def run_check(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=mmrl-test", "-c", "user.email=test@localhost", *args], cwd=cwd,
+                          capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+def untidy(checkout: Path) -> str:
+    """Every change git sees: modified tracked files and untracked files it does not ignore."""
+    return git(checkout, "status", "--porcelain", "--untracked-files=all")
+
+
+def python(checkout: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python ARGS`` from the root of ``checkout``, importing its own mmrl and benchmarks; one torch thread."""
+    env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_check") / "result.json"
-    proc = run_check("--device", "cpu", "--tiny", "--threads", "1", "--json", str(out))
-    return proc, out
+def checkout(tmp_path_factory) -> Path:
+    """The tracked files as they are in this working tree, committed into a new repository."""
+    if shutil.which("git") is None or subprocess.run(["git", "-C", str(REPO), "rev-parse"],
+                                                     capture_output=True).returncode != 0:
+        pytest.skip("needs git and a git checkout of mmrl")
+    copy = tmp_path_factory.mktemp("clone")
+    for name in git(REPO, "ls-files", "-z").split("\0"):
+        source = REPO / name
+        if name and source.is_file():  # a tracked file deleted in this tree is not part of it
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name, follow_symlinks=False)
+    git(copy, "init", "-q")
+    git(copy, "add", "-A")
+    git(copy, "commit", "-q", "-m", "copy")
+    assert untidy(copy) == ""
+    return copy
+
+
+@pytest.fixture(scope="module")
+def tiny_run(checkout):
+    """``python benchmarks/gpu_check.py --device cpu --tiny``, as docs/gpu.md gives it, and its result file."""
+    proc = python(checkout, "benchmarks/gpu_check.py", "--device", "cpu", "--tiny")
+    written = sorted((checkout / "runs" / "bench").glob("gpu_check-cpu-tiny-*.json"))
+    assert len(written) == 1, (written, proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc, written[0]
 
 
 def test_the_tiny_cpu_check_passes_every_section(tiny_run):
@@ -135,3 +178,47 @@ def test_a_section_done_again_replaces_an_earlier_failure_of_it():
               "learning": {"device": "cuda", "arithmetic": {"lift": 0.3}, "geoqa": {"lift": 0.1}}}
     merged = merge_results([first, second])
     assert merged["errors"] == {} and "cpu_reference" not in merged and merged["throughput"] == {"sides": {}}
+
+
+def test_default_runs_leave_the_checkout_clean_and_the_page_current(checkout, tiny_run):
+    """The tiny check and vision_rewards.py, each with its default arguments: nothing git sees changes, each says
+    where its result went, and the results page still matches the published summaries."""
+    proc, out = tiny_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert str(out.relative_to(checkout)) in proc.stdout
+    rewards = python(checkout, "benchmarks/vision_rewards.py")
+    assert rewards.returncode == 0, rewards.stderr[-3000:]
+    assert "wrote runs/bench/vision_rewards.json" in rewards.stdout
+    assert json.loads((checkout / "runs/bench/vision_rewards.json").read_text())["schema"] == "mmrl-result/1"
+    assert untidy(checkout) == ""
+    check = python(checkout, "benchmarks/report.py", "--check", timeout=120)
+    assert check.returncode == 0, check.stderr
+
+
+def test_a_stray_file_in_the_results_folder_is_named_and_the_tests_still_pass(checkout, tiny_run):
+    """A result copied by hand into benchmarks/results/: report.py names it and says to move it, in one line; the
+    tests of the results page read what is committed, so they still pass."""
+    stray = checkout / "benchmarks" / "results" / "stray.json"
+    shutil.copyfile(tiny_run[1], stray)
+    try:
+        check = python(checkout, "benchmarks/report.py", "--check", timeout=120)
+        assert check.returncode == 2 and len(check.stderr.strip().splitlines()) == 1, check.stderr
+        assert "stray.json: not a published summary" in check.stderr and "move the file out" in check.stderr
+        tests = python(checkout, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_results_page.py")
+        assert tests.returncode == 0, tests.stdout[-3000:]
+    finally:
+        stray.unlink()
+
+
+def test_publishing_is_the_explicit_step(checkout, tiny_run):
+    """--publish writes the published summary, and only it; the page rendered from it passes --check."""
+    proc = python(checkout, "benchmarks/gpu_check.py", "--from", str(tiny_run[1]), "--publish", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    try:
+        assert untidy(checkout).splitlines() == [" M benchmarks/results/gpu_check.json"]
+        assert python(checkout, "benchmarks/report.py", "--check", timeout=120).returncode == 1  # the page is stale
+        assert python(checkout, "benchmarks/report.py", timeout=120).returncode == 0
+        assert python(checkout, "benchmarks/report.py", "--check", timeout=120).returncode == 0
+    finally:
+        git(checkout, "checkout", "-q", "--", "benchmarks/results", "docs")
+    assert untidy(checkout) == ""

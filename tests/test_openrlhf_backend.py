@@ -146,6 +146,26 @@ def test_grpo_matches_openrlhfs_own_ppo_loss_in_its_sequence_mean_mode():
     assert torch.allclose(ours[0], theirs[0], atol=1e-6) and torch.allclose(ours[1], theirs[1])
 
 
+@pytest.mark.parametrize("drift", [0.0, 0.002, 0.3])
+def test_gspo_matches_openrlhfs_own_gspo_loss(drift):
+    """mmrl's GSPO and OpenRLHF's ``policy_loss_type gspo`` (sequence ratio, per-sample mean) at the paper's clip
+    range: the same loss and gradient, with nothing, some or every response clipped."""
+    logp, _, mask, group_ids, rewards = loss_inputs(seed=4)
+    old = logp.detach() + drift * torch.randn(logp.shape, generator=torch.Generator().manual_seed(2))
+    algo = algos.get("gspo")
+    adv = algo.advantages(rewards, group_ids)
+    loss_fn = MmrlPolicyLoss(algo)
+    loss_fn.bind(MicroBatch(group_ids, {}, scale=1.0))
+    ours = loss_fn(logp, old, adv[:, None] * mask, action_mask=mask)[0]
+    theirs = PolicyLoss(clip_eps_low=3e-4, clip_eps_high=4e-4, policy_loss_type="gspo")(
+        logp, old, adv[:, None] * mask, action_mask=mask)[0]
+    (grad,) = torch.autograd.grad(ours, logp)
+    (want,) = torch.autograd.grad(theirs, logp)
+    assert torch.allclose(ours, theirs, atol=1e-7) and torch.allclose(grad, want, atol=1e-8)
+    clipped = loss_fn.last_metrics["clip_frac"]
+    assert clipped == 0 if drift == 0 else clipped > 0
+
+
 def make_experiences(tmp_path, algo: str, group_rewards=GROUP_REWARDS):
     args = launch_args(tmp_path, algo)
     maker = MmrlExperienceMaker(None, None, None, None, None, SimpleNamespace(args=args),
@@ -284,6 +304,38 @@ def test_gpg_resamples_across_engines_until_enough_groups_are_valid(threshold, r
         assert valid_flags == [True] * n_valid + [False] * (6 - n_valid)
     else:
         assert sum(valid_flags) == n_valid
+
+
+def test_dynamic_sampling_gives_the_generator_the_every_group_valid_rule(tmp_path):
+    """DAPO's dynamic sampling on any objective reaches mmrl's samples generator as GPG's rule with β_th = 1."""
+    args = launch_args(tmp_path, "cispo", "--algo.dynamic_sampling", "3", "--steps", "10", "--cluster.colocate",
+                       "false")
+    trainer = MmrlPPOTrainer(args.actor.model_name_or_path, make_strategy(args), None, None, None, None, None,
+                             max_new_tokens=8)
+    gen = trainer.samples_generator
+    assert (gen.valid_threshold, gen.max_resample) == (1.0, 3)
+
+
+def test_overlong_shaping_is_openrlhfs_dapo_penalty_on_the_rewards_that_train():
+    """mmrl's overlong shaping (both backends) against OpenRLHF's own DAPO penalty (``--reward.overlong_buffer_len``):
+    the same shaped rewards, and the advantages of the shaped rewards; the experience's own rewards (logged) stay."""
+    from openrlhf.trainer.ppo_utils.length_penalty import apply_overlong_penalty
+
+    from mmrl.openrlhf.experience import GROUP_KEY, whole_batch_advantages
+
+    lengths = torch.tensor([3, 7, 8, 5, 6, 8, 1, 2])
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    mask = (torch.arange(8)[None] < lengths[:, None]).float()
+    theirs = SimpleNamespace(rewards=rewards.clone(), response_length=lengths)
+    apply_overlong_penalty([theirs], max_new_tokens=8, overlong_buffer_len=4, overlong_penalty_factor=0.7)
+    algo = algos.get("grpo", overlong_buffer=4, overlong_penalty=0.7).with_length_budget(8)
+    torch.testing.assert_close(algo.shaped_rewards(rewards, lengths), theirs.rewards)
+    experiences = [SimpleNamespace(rewards=rewards[i:i + 4].clone(), action_mask=mask[i:i + 4],
+                                   action_log_probs=-torch.rand(4, 8), info={GROUP_KEY: torch.tensor([i // 4] * 4)})
+                   for i in (0, 4)]
+    advantages, _ = whole_batch_advantages(algo, experiences)
+    torch.testing.assert_close(advantages, algo.advantages(theirs.rewards, torch.arange(8) // 4))
+    assert torch.equal(torch.cat([e.rewards for e in experiences]), rewards)
 
 
 class EvalWithoutVLLM(SamplesGenerator):

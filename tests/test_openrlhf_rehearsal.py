@@ -21,7 +21,8 @@ GRPO with its reference model, GPG (with its resampling rule), the vision task (
 ALFWorld in the turn layout on 2 policy ranks with the env pool (GiGPO for 2 steps), CW-GRPO and GMPO run in
 tests/test_recipes.py, as one step of each paper recipe and of each paper's GRPO baseline (the same checks, plus the
 recipe's own objective, schedule and evaluation sets). Dr.GRPO differs from GRPO only inside the loss, which
-tests/test_openrlhf_slow.py checks in OpenRLHF's actor under DeepSpeed.
+tests/test_openrlhf_slow.py checks in OpenRLHF's actor under DeepSpeed. GSPO, CISPO and SAPO, which have no paper
+recipe here, run one step each on the arithmetic task (the same checks).
 """
 
 from __future__ import annotations
@@ -93,3 +94,13 @@ def test_rehearsal_of_gvpo_replays_each_prompts_latest_responses_across_a_resume
     records = step_records(out)
     assert [r["replay/responses"] for r in records] == [0, 2 * k, 2 * k]
     assert all(math.isfinite(r["replay/logprob_shift"]) for r in records[1:])  # step 3's: the restored behaviour
+
+
+@pytest.mark.parametrize("name", ["gspo", "cispo", "sapo"])
+def test_rehearsal_step_of_each_sequence_ratio_objective(name, ray_address, tmp_path):
+    """One step of ``--algo NAME`` through OpenRLHF's pipeline, at the objective's paper defaults."""
+    out = tmp_path / name
+    rehearse(ray_address, out, "--algo", name, "--task", "arithmetic", "--task.max_operand", "1", "--steps", "1",
+             *SMALL)
+    check_run(out, 1)
+    check_statistics(out, name, 1, 8)

@@ -154,7 +154,7 @@ REWARDS = [[1, 0, 0, 1], [0, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0]]
 REWARDS_DP = [[1, 0, 0, 1], [0, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0]]
 
 
-@pytest.mark.parametrize("name", ["gvpo", "gpg", "cw_grpo", "dr_grpo"])
+@pytest.mark.parametrize("name", ["gvpo", "gpg", "cw_grpo", "dr_grpo", "gspo", "cispo", "sapo"])
 def test_deepspeed_zero2_step_of_mmrls_actor_matches_the_local_gradient(name, tmp_path, gloo_world_of_one,
                                                                          embedded_model_dir):
     # 4 prompts × 4 responses on one rank, micro-batches of 8 (two whole groups): DeepSpeed accumulates 2 of them

@@ -25,12 +25,27 @@ report = _module("report")
 summary = _module("summary")
 
 
+def committed_summaries() -> list[Path]:
+    """The summaries git tracks in benchmarks/results/ (every one there outside a git checkout): what the page is
+    built from, whatever else a user's own runs may have left in the folder."""
+    results = ROOT / "benchmarks" / "results"
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--", "benchmarks/results"],
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        return sorted(results.glob("*.json"))
+    paths = [ROOT / name for name in listed.stdout.split("\0") if name]
+    return sorted(p for p in paths if p.parent == results and p.suffix == ".json" and p.is_file())
+
+
 def test_the_results_page_is_what_the_committed_summaries_render():
-    assert report.main(["--check"]) == 0, "run `python benchmarks/report.py` and commit docs/results.md"
+    page = report.PAGE.read_text()
+    assert page == report.render(summaries=committed_summaries()), (
+        "run `python benchmarks/report.py` and commit docs/results.md with the summaries it renders")
 
 
 def test_every_committed_summary_is_small_and_complete():
-    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+    assert committed_summaries(), "no committed summary found"
+    for path in committed_summaries():
         assert path.stat().st_size < summary.MAX_BYTES, path
         loaded = report.load(path)
         assert loaded["command"].startswith("python "), path
@@ -38,14 +53,47 @@ def test_every_committed_summary_is_small_and_complete():
             assert row["n"] == len(row["values"]), (path, row["label"])
 
 
-def test_no_benchmark_writes_anything_but_a_summary_into_the_results_folder_by_default():
-    """benchmarks/results/*.json is what the results page renders: a benchmark whose default ``--out`` were a JSON
-    file there would leave a file that is not a summary, and the page could no longer be built."""
-    import re
-
+def test_every_benchmark_takes_its_output_folder_from_the_shared_arguments():
+    """A default run writes under runs/bench/ and only --publish writes into benchmarks/results/: each benchmark
+    with an output folder declares it through summary.add_out_arguments, and none names the results folder itself."""
     for script in sorted((ROOT / "benchmarks").glob("*.py")):
-        for default in re.findall(r'"--out",\s*default="([^"]+)"', script.read_text()):
-            assert not default.endswith(".json"), f"{script.name}: --out {default}, not a folder for <out>.json"
+        text = script.read_text()
+        if script.stem in ("summary", "report") or ("--out" not in text and "write_summary(" not in text):
+            continue
+        for default in ('default="benchmarks/results', 'Path("benchmarks/results")'):
+            assert default not in text, f"{script.name}: {default}... (publish with --publish only)"
+        if "write_summary(" in text and script.stem != "config_runs":  # config_runs: --out is always given
+            assert "add_out_arguments(" in text, f"{script.name}: declare --out with summary.add_out_arguments"
+
+
+def test_the_output_arguments_default_to_a_run_folder_and_publish_on_request(tmp_path, monkeypatch):
+    import argparse
+
+    monkeypatch.chdir(ROOT)
+    parser = argparse.ArgumentParser()
+    summary.add_out_arguments(parser, "demo")
+    assert parser.parse_args([]).out == "runs/bench/demo"
+    assert parser.parse_args(["--publish"]).out == "benchmarks/results/demo"
+    assert parser.parse_args(["--out", str(tmp_path / "mine")]).out == str(tmp_path / "mine")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--out", "x", "--publish"])  # argparse: not allowed with argument --out
+    helped = parser.format_help()
+    assert "runs/bench/demo" in helped and "--publish" in helped and "benchmarks/results/demo.json" in helped
+    monkeypatch.chdir(tmp_path)  # run from elsewhere, --publish still names this repository's results folder
+    fresh = argparse.ArgumentParser()
+    summary.add_out_arguments(fresh, "demo")
+    assert fresh.parse_args(["--publish"]).out == str(ROOT / "benchmarks" / "results" / "demo")
+
+
+def test_a_file_that_is_not_a_summary_is_named_and_refused(tmp_path, capsys, monkeypatch):
+    (tmp_path / "gpu_check-cpu-tiny-20261207T000000Z.json").write_text(json.dumps({"device": "cpu", "pass": True}))
+    with pytest.raises(ValueError, match=r"gpu_check-cpu-tiny-20261207T000000Z\.json: not a published summary .*"
+                                         r"move the file out"):
+        report.render(tmp_path)
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.main(["--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "gpu_check-cpu-tiny-20261207T000000Z.json" in err and "runs/bench/" in err
 
 
 def test_a_written_summary_renders_with_its_command_mean_and_standard_error(tmp_path, monkeypatch):

@@ -82,6 +82,39 @@ def test_gpg_resamples_until_enough_valid_groups(tmp_path, embedded_model_dir, s
     assert off.collect_rollouts()[1] == {}
 
 
+def test_dynamic_sampling_resamples_until_every_group_is_valid(tmp_path, embedded_model_dir, small_config):
+    """DAPO's dynamic sampling on GRPO: the same loop as GPG's resampling, asking for every group to be valid."""
+    cfg = small_config(tmp_path, **{"algo.name": "grpo", "algo.dynamic_sampling": 2})
+    trainer = build_trainer(cfg)
+    groups, info = trainer.collect_rollouts()
+    assert len(groups) == 4
+    valid = [not g.all_rewards_equal for g in groups]
+    assert valid == sorted(valid, reverse=True)
+    if not all(valid):
+        assert info["resample_rounds"] == 2
+    assert trainer.sampler.pos >= 4 * (1 + info["resample_rounds"]) or trainer.sampler.order
+    assert build_trainer(small_config(tmp_path / "off", **{"algo.name": "grpo"})).collect_rollouts()[1] == {}
+
+
+def test_overlong_shaping_lowers_the_rewards_the_update_trains_on(tmp_path, embedded_model_dir, small_config):
+    """DAPO's overlong shaping in the local loop: the batch's rewards are the task's plus Eq. 13's penalty of each
+    response's length against the generation budget (L_max); the logged reward stays the task's."""
+    from mmrl.algos.base import overlong_penalty
+
+    cfg = small_config(tmp_path, **{"algo.name": "grpo", "algo.overlong_buffer": 12})  # the whole budget
+    trainer = build_trainer(cfg)
+    groups = trainer.collect_rollouts()[0]
+    raw = torch.tensor([r.reward.score for g in groups for r in g.responses])
+    batch, _ = trainer.prepare_batch(groups)
+    lengths = batch.response_mask.sum(1)
+    budget = cfg.rollout.max_new_tokens
+    assert trainer.algo.max_length == budget
+    penalty = overlong_penalty(lengths, budget, 12)
+    assert (penalty < 0).all()
+    torch.testing.assert_close(batch.rewards, raw + penalty)
+    assert torch.equal(batch.advantages, trainer.algo.advantages(batch.rewards, batch.group_ids))
+
+
 def test_gvpo_replays_historical_responses(tmp_path, embedded_model_dir, small_config):
     cfg = small_config(tmp_path, **{"algo.name": "gvpo", "rollout.replay_historical": 2,
                                     "task.max_operand": 1, "task.eval_fraction": 0.0})

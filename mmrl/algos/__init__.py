@@ -10,7 +10,7 @@
 Nothing here imports a trainer, a model or a tokenizer.
 """
 
-from mmrl.algos import cw_grpo, dr_grpo, gigpo, gmpo, gpg, grpo, gvpo  # noqa: F401  (registers the algorithms)
+from mmrl.algos import cispo, cw_grpo, dr_grpo, gigpo, gmpo, gpg, grpo, gspo, gvpo, sapo  # noqa: F401  (registers them)
 from mmrl.algos.base import ALGORITHMS, Algorithm, Resampling, TurnSteps, get, hyperparameters, register
 
 __all__ = ["ALGORITHMS", "Algorithm", "Resampling", "TurnSteps", "get", "hyperparameters", "register"]

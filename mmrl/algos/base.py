@@ -189,10 +189,31 @@ class Algorithm(abc.ABC):
     #: penalty subtracted from the row's episode value and step return after discounting; needs ``episode_scope``
     #: turn, whose rows have values of their own).
     penalty_scope: str = "episode"
+    #: DAPO's dynamic sampling (arXiv 2503.14476 §3.2, Eq. 11's constraint 0 < |{o_i correct}| < G): while a batch
+    #: holds a group whose rewards are all equal (no advantage, no gradient), the rollout loop samples more prompts
+    #: and keeps the groups with reward spread, at most this many extra rounds, then trains on what it has. GPG's
+    #: resampling rule with every group required valid (:meth:`resampling`). 0: off.
+    dynamic_sampling: int = 0
+    #: DAPO's overlong reward shaping (arXiv 2503.14476 §3.4, Eq. 13): a response longer than ``max_length`` minus
+    #: this many tokens loses ``overlong_penalty`` × (its excess / this buffer) of reward, the whole
+    #: ``overlong_penalty`` at ``max_length`` and beyond (:func:`overlong_penalty`). 0: off. Single-turn tasks.
+    overlong_buffer: int = 0
+    #: The most reward overlong shaping takes away (DAPO: 1, the reward of a correct answer).
+    overlong_penalty: float = 1.0
+    #: DAPO's L_max, the length the penalty is full at; None: the task's generation budget (``rollout.max_new_tokens``).
+    max_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.entropy_coef < 0:
             raise UserError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+        if self.dynamic_sampling < 0:
+            raise UserError(f"dynamic_sampling must be >= 0 (extra sampling rounds), got {self.dynamic_sampling}")
+        if self.overlong_buffer < 0 or self.overlong_penalty < 0:
+            raise UserError(f"overlong_buffer and overlong_penalty must be >= 0, got {self.overlong_buffer}, "
+                            f"{self.overlong_penalty}")
+        if self.max_length is not None and not 0 < self.overlong_buffer <= self.max_length:
+            raise UserError(f"max_length is overlong shaping's L_max: it needs 0 < overlong_buffer <= max_length, got "
+                            f"overlong_buffer {self.overlong_buffer}, max_length {self.max_length}")
         if self.episode_scope not in EPISODE_SCOPES:
             raise UserError(f"episode_scope must be one of {EPISODE_SCOPES}, got {self.episode_scope!r}")
         if self.penalty_scope not in PENALTY_SCOPES:
@@ -213,14 +234,29 @@ class Algorithm(abc.ABC):
         return 0.0
 
     def resampling(self) -> Resampling:
-        """The rollout loop's rule for batches with too few valid groups; none by default."""
-        return Resampling()
+        """The rollout loop's rule for batches with too few valid groups: DAPO's dynamic sampling (every group valid,
+        at most ``dynamic_sampling`` extra rounds) when set; none by default."""
+        return Resampling(1.0, self.dynamic_sampling) if self.dynamic_sampling else Resampling()
 
     def with_length_budget(self, tokens: int) -> Algorithm:
         """This objective with its constant length normaliser set to ``tokens``, the most tokens one trained response
-        can hold (the task's generation budget; a whole episode's for multi-turn tasks). Objectives that have no such
-        constant, or whose constant was set explicitly, return themselves."""
+        can hold (the task's generation budget; a whole episode's for multi-turn tasks), and overlong shaping's
+        ``max_length`` too when shaping is on. What was set explicitly stays; objectives with a normaliser of their
+        own extend this."""
+        if self.overlong_buffer and self.max_length is None:
+            return dataclasses.replace(self, max_length=tokens)
         return self
+
+    def shaped_rewards(self, rewards: Tensor, lengths: Tensor) -> Tensor:
+        """``[N]`` rewards as the objective trains on them: with ``overlong_buffer``, DAPO's length penalty added
+        (``lengths`` ``[N]``: each response's trained tokens); the rewards themselves otherwise. A loop calls it on a
+        single-turn batch before :meth:`advantages`."""
+        if not self.overlong_buffer:
+            return rewards
+        if self.max_length is None:
+            raise ValueError("overlong shaping needs max_length: build the objective with with_length_budget()")
+        penalty = overlong_penalty(lengths, self.max_length, self.overlong_buffer, self.overlong_penalty)
+        return rewards + penalty.to(rewards.dtype)
 
     @abc.abstractmethod
     def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
@@ -317,6 +353,17 @@ class Algorithm(abc.ABC):
 
 
 # --------------------------------------------------------------------------------------------- helpers
+
+
+def overlong_penalty(lengths: Tensor, max_length: int, buffer: int, factor: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, Eq. 13), ``[N]`` float32, times ``factor``::
+
+        0                                  |y| <= L_max - L_cache
+        ((L_max - L_cache) - |y|) / L_cache    L_max - L_cache < |y| <= L_max
+        -1                                 L_max < |y|
+    """
+    excess = (lengths.to(torch.float32) - (max_length - buffer)).clamp(min=0.0, max=float(buffer))
+    return -factor * excess / buffer
 
 
 def stats_for_rows(stats: dict[str, Any], rows: Tensor) -> dict[str, Any]:

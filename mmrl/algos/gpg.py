@@ -97,11 +97,13 @@ class GPG(Algorithm):
             raise UserError(f"max_tokens must be > 0, got {self.max_tokens}")
 
     def resampling(self) -> Resampling:
-        return Resampling(self.valid_threshold, self.max_resample)
+        """β_th's rule; DAPO's dynamic sampling instead when ``dynamic_sampling`` is set (every group valid)."""
+        return super().resampling() if self.dynamic_sampling else Resampling(self.valid_threshold, self.max_resample)
 
     def with_length_budget(self, tokens: int) -> GPG:
         """``max_tokens`` (the constant of ``loss_agg=seq_mean_token_sum_norm``) = ``tokens`` unless set explicitly."""
-        return self if self.max_tokens is not None else dataclasses.replace(self, max_tokens=tokens)
+        algo = super().with_length_budget(tokens)
+        return algo if self.max_tokens is not None else dataclasses.replace(algo, max_tokens=tokens)
 
     def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
         check_batch(rewards, group_ids)

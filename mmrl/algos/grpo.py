@@ -98,7 +98,8 @@ class GRPO(Algorithm):
 
     def with_length_budget(self, tokens: int) -> GRPO:
         """``max_tokens`` (the constant of ``loss_agg=seq_mean_token_sum_norm``) = ``tokens`` unless set explicitly."""
-        return self if self.max_tokens is not None else dataclasses.replace(self, max_tokens=tokens)
+        algo = super().with_length_budget(tokens)
+        return algo if self.max_tokens is not None else dataclasses.replace(algo, max_tokens=tokens)
 
     def advantages(self, rewards: Tensor, group_ids: Tensor) -> Tensor:
         return grpo_advantages(rewards, group_ids, self.scale_by_std, self.std_eps)

@@ -60,12 +60,13 @@ def whole_batch_advantages(algo: algos.Algorithm, experiences: list, steps: algo
     ``steps``: the turn layout's facts of those rows, in the same order."""
     rewards = torch.cat([e.rewards.reshape(-1) for e in experiences]).to(torch.float32)
     group_ids = torch.cat([e.info[GROUP_KEY].reshape(-1) for e in experiences]).long()
-    if steps is not None:
-        advantages = algo.turn_advantages(rewards, group_ids, steps)
-    else:
-        advantages = algo.advantages(rewards, group_ids)
     old_logprobs = padded_cat([e.action_log_probs.float() for e in experiences])
     mask = padded_cat([e.action_mask.float() for e in experiences])
+    if steps is not None:
+        advantages = algo.turn_advantages(rewards, group_ids, steps)
+    else:  # DAPO's overlong shaping, when set, on the rewards the objective trains on (as the local loop)
+        rewards = algo.shaped_rewards(rewards, mask.sum(1))
+        advantages = algo.advantages(rewards, group_ids)
     stats = algo.batch_stats(rewards, group_ids, advantages, old_logprobs, mask)
     return advantages, stats
 

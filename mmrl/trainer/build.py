@@ -68,6 +68,9 @@ def build_algorithm(cfg: TrainConfig, multi_turn: bool) -> algos.Algorithm:
     if multi_turn and layout == "turn" and not algo.trains_turns:
         raise UserError(f"config: --algo {algo.name} needs whole responses to one prompt in a group; "
                          f"--rollout.agent_layout turn gives turns with different prompts (use episode)")
+    if multi_turn and algo.overlong_buffer:
+        raise UserError(f"config: --algo.overlong_buffer shapes the reward of single-turn responses by their length; "
+                         f"{algo.name} on a multi-turn task has episodes (set it to 0)")
     if not multi_turn and layout != "episode":
         raise UserError("config: rollout.agent_layout turn is for multi-turn (agent) tasks")
     return algo

@@ -330,7 +330,8 @@ class Trainer:
                                                        row_by_row_min_width=self.row_by_row_min_width)
         if self.turn_layout:  # per turn: the episode's advantage, or the objective's own step-level one (GiGPO)
             batch.advantages = self.algo.turn_advantages(batch.rewards, batch.group_ids, turn_steps(groups))
-        else:
+        else:  # DAPO's overlong shaping, when set, lowers the reward the objective trains on (not the logged one)
+            batch.rewards = self.algo.shaped_rewards(batch.rewards, batch.response_mask.sum(1))
             batch.advantages = self.algo.advantages(batch.rewards, batch.group_ids)
         stats = self.algo.batch_stats(batch.rewards, batch.group_ids, batch.advantages, batch.old_logprobs,
                                       batch.response_mask)
