@@ -89,6 +89,27 @@ def run_seed(args, extra: list[str], run: Path, seed: int, steps: int,
     return records, wall
 
 
+def training_rows(name: str, records_of: dict[int, list[dict]]) -> list[dict]:
+    """Rows of what the runs' training steps logged, where they logged it: the training success's change (mean of
+    the last 3 steps minus the first 3), and the KL of each step's updated policy to π_old (``kl_step``: mean over
+    the run's steps; ``kl_step_max``: the largest token's, over the whole run)."""
+    train = {seed: [r for r in records if "step_time" in r] for seed, records in records_of.items()}
+    rows = []
+    if all(any("success_rate" in r for r in steps) for steps in train.values()):
+        def change(steps: list[dict]) -> float:
+            values = [r["success_rate"] for r in steps if r.get("success_rate") is not None]
+            return sum(values[-3:]) / len(values[-3:]) - sum(values[:3]) / len(values[:3])
+        rows.append(result_row(name, "training success_rate, last 3 steps minus first 3",
+                               {seed: change(steps) for seed, steps in train.items()}))
+    kl = {seed: [r for r in steps if r.get("kl_step") is not None] for seed, steps in train.items()}
+    if all(kl.values()):
+        rows.append(result_row(name, "kl_step (KL to π_old after a step's updates), mean over steps",
+                               {seed: sum(r["kl_step"] for r in steps) / len(steps) for seed, steps in kl.items()}))
+        rows.append(result_row(name, "kl_step_max (largest token's KL to π_old), max over steps",
+                               {seed: max(r["kl_step_max"] for r in steps) for seed, steps in kl.items()}))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the example config, run as written")
@@ -117,10 +138,11 @@ def main() -> None:
     for algo in algos or [""]:
         extra = (["--algo", algo] if algo else []) + args.overrides
         starts, ends, rises = ({m: {} for m in metrics} for _ in range(3))
-        walls = {}
+        walls, records_of = {}, {}
         for seed in seeds:
             run = out / "runs" / (f"{algo}-seed{seed}" if algo else f"seed{seed}")
             records, wall = run_seed(args, extra, run, seed, steps, metrics)
+            records_of[seed] = records
             for m in metrics:
                 evals = [r for r in records if m in r]
                 starts[m][seed], ends[m][seed] = evals[0][m], evals[-1][m]
@@ -137,6 +159,7 @@ def main() -> None:
             if algo and algo != algos[0]:  # paired by seed: the same config, seed and start, another objective
                 rows.append(paired_row(name, f"held-out {m} rise minus {algos[0]}'s rise (same seed)", rises[m],
                                        rises_of[algos[0]][m], algo=algo, against=algos[0], key=m))
+        rows += training_rows(name, records_of)
         if walls:
             rows.append(result_row(name, "wall time of the run", walls, unit="s"))
         rises_of[algo] = rises

@@ -92,11 +92,16 @@ def test_every_algorithm_trains_two_steps_on_alfworld(tmp_path, small_config, na
     assert trainer.step == 2
     records = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     for key in ("success_rate", "valid_action_rate", "format_rate", "episode_length", "env_failures", "grad_norm",
-                "eval/pass@1", "eval/success_rate", "eval/valid_action_rate", "eval/episode_length"):
+                "entropy", "lr", "kl_step", "kl_step_max", "adv_group_std", "adv_mean", "eval/pass@1",
+                "eval/success_rate", "eval/valid_action_rate", "eval/episode_length"):
         assert key in last, key
     assert any(k.startswith("success/") for k in records[0])
     assert any(k.startswith("eval/success/") for k in last)
     assert all(0 <= r["valid_action_rate"] <= 1 and r["episode_length"] >= 1 for r in records)
+    # the task's KL band: every step's updated policy stays within optim.target_kl of π_old (rounding aside: the
+    # band is checked on the mini-batch's rows in their order, this over the batch's)
+    assert trainer.cfg.optim.target_kl == 0.02
+    assert all(r["kl_step"] <= 0.02 + 1e-6 for r in records)
 
 
 def test_a_crashed_env_ends_its_episode_not_the_run(tmp_path, small_config, task):

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mmrl.algos as algos
+from mmrl.algos import base
 from mmrl.algos.base import stats_for_rows
 from mmrl.algos.cw_grpo import covariance_stats, covariance_weights, group_covariance_stats
 from mmrl.algos.gvpo import gvpo_weights
@@ -607,3 +608,24 @@ def test_hyper_parameter_types_are_checked_with_one_line():
     assert algos.get("grpo", clip_low=0).clip_low == 0.0 and algos.get("dr_grpo", max_tokens=None).max_tokens is None
     with pytest.raises(ValueError, match="std_eps must be > 0"):
         algos.get("gmpo", std_eps=-1.0)
+
+
+def test_kl_to_old_mean_and_max_over_trained_tokens():
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.9], [0.25, 0.5, 0.5]]))
+    new = torch.log(torch.tensor([[0.5, 0.25, 0.1], [0.5, 0.5, 0.5]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])  # the third column is padding
+    # k3 = r - log r - 1 with r = π_old / π_θ: 0, 2 - ln 2 - 1, 0.5 - ln 0.5 - 1, 0
+    k = [0.0, 1 - math.log(2), -0.5 + math.log(2), 0.0]
+    mean, top = base.kl_to_old(new, old, mask)
+    assert mean == pytest.approx(sum(k) / 4, abs=1e-6) and top == pytest.approx(1 - math.log(2), abs=1e-6)
+    assert base.kl_to_old(new, old, torch.zeros_like(mask)) == (0.0, 0.0)
+
+
+def test_advantage_spread_within_groups():
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 5.0])
+    groups = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3])
+    got = base.advantage_spread(adv, groups)
+    # stds (ddof 1): group 0 √2, groups 1 and 2 zero, group 3 one row: 0; groups 1, 2 and 3 have no spread
+    assert got["adv_group_std"] == pytest.approx(math.sqrt(2) / 4)
+    assert got["adv_zero_spread"] == pytest.approx(3 / 4)
+    assert got["adv_mean"] == pytest.approx(9 / 8)

@@ -10,7 +10,7 @@ import pytest
 from mmrl.errors import UserError
 from mmrl.tasks import GeneratedRows, get_task
 from mmrl.tasks.arithmetic_stream import held_out, value
-from mmrl.trainer.local import PromptSampler
+from mmrl.trainer.collect import PromptSampler
 
 
 def parse(text: str):

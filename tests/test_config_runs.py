@@ -86,7 +86,7 @@ def test_a_run_without_every_set_logged_at_its_last_step_is_not_finished(tmp_pat
 def test_each_seed_draws_its_own_training_game_order():
     """What the paired comparison rests on: run.seed alone draws the local trainer's game order, so runs of one seed
     (one per objective) play the same games in the same order and another seed plays another order."""
-    from mmrl.trainer.local import PromptSampler
+    from mmrl.trainer.collect import PromptSampler
 
     def order(seed: int) -> list[int]:
         return PromptSampler(64, seed).take(3 * 64)  # three passes over 64 training games
@@ -94,3 +94,23 @@ def test_each_seed_draws_its_own_training_game_order():
     assert order(0) == order(0) and order(1) == order(1)
     assert order(0)[:64] != order(1)[:64] and sorted(order(0)[:64]) == list(range(64))
     assert order(0)[:64] != order(0)[64:128]  # each pass is a new shuffle
+
+
+def test_training_success_and_kl_rows_come_from_the_step_records(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("run:\n  steps: 4\n")
+    out = tmp_path / "kl"
+    run = out / "runs" / "seed0"
+    run.mkdir(parents=True)
+    steps = [{"step": i + 1, "step_time": 1.0, "success_rate": s, "kl_step": k, "kl_step_max": m}
+             for i, (s, k, m) in enumerate([(0.0, 0.01, 0.5), (0.25, 0.02, 3.0), (0.5, 0.03, 1.0), (1.0, 0.02, 2.0)])]
+    records = [{"step": 0, "eval/pass@1": 0.2}, *steps[:-1], {**steps[-1], "eval/pass@1": 0.4}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    done = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config), "--seeds", "0", "--out", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    rows = {r["metric"]: r["values"]["0"] for r in json.loads((tmp_path / "kl.json").read_text())["rows"]}
+    # the last 3 steps' mean success minus the first 3's: (0.25 + 0.5 + 1) / 3 - (0 + 0.25 + 0.5) / 3
+    assert abs(rows["training success_rate, last 3 steps minus first 3"] - 1 / 3) < 1e-9
+    assert abs(rows["kl_step (KL to π_old after a step's updates), mean over steps"] - 0.02) < 1e-9
+    assert rows["kl_step_max (largest token's KL to π_old), max over steps"] == 3.0

@@ -93,6 +93,7 @@ def test_a_task_brings_its_recommended_config_under_the_users_flags():
     cfg = parse_config(["--task", "alfworld"])
     assert cfg.model.name == "embedded:tiny-qwen2-agent" and cfg.rollout.max_new_tokens == 40
     assert cfg.rollout.max_episode_tokens == 3072 and cfg.sft.steps == 0 and cfg.optim.warmup_steps == 10
+    assert cfg.optim.target_kl == 0.02  # the KL band of each optimizer step (docs/alfworld.md)
     cfg = parse_config(["--task", "alfworld", "--rollout.max_new_tokens", "12", "--sft-warmup", "5",
                         "--model", "embedded:tiny-qwen2"])
     assert (cfg.rollout.max_new_tokens, cfg.sft.steps, cfg.model.name) == (12, 5, "embedded:tiny-qwen2")

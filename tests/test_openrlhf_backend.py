@@ -16,6 +16,7 @@ import torch
 from openrlhf_stubs import openrlhf_importable
 
 import mmrl.algos as algos
+from mmrl.algos.base import advantage_spread, kl_k3
 from mmrl.openrlhf.grouping import groups_are_whole, whole_group_micro_batches
 from mmrl.openrlhf.launch import resolve_launch
 from mmrl.train import parse_config
@@ -403,3 +404,19 @@ def test_prepare_policy_freezes_routers_before_deepspeed_builds_its_optimizer():
     dense = torch.nn.Sequential(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="no MoE router"):
         prepare_policy(dense, freeze_router=True)
+
+
+def test_the_loss_keeps_the_largest_token_kl_and_the_maker_the_advantage_spread(tmp_path):
+    logp, old, mask, group_ids, rewards = loss_inputs(seed=5)
+    algo = algos.get("grpo")
+    loss_fn = MmrlPolicyLoss(algo)
+    loss_fn.bind(MicroBatch(group_ids, {}, scale=1.0))
+    loss_fn(logp, old, algo.advantages(rewards, group_ids)[:, None] * mask, action_mask=mask)
+    kl = kl_k3(logp.detach(), old)[mask > 0]
+    assert loss_fn.last_kl_max == pytest.approx(float(kl.max())) and loss_fn.last_kl_max > float(kl.mean())
+
+    maker, _, _, _ = make_experiences(tmp_path, "grpo")
+    rewards = torch.tensor([r for g in GROUP_REWARDS for r in g], dtype=torch.float32)
+    group_ids = torch.arange(len(rewards)) // N
+    assert maker.spread == pytest.approx(advantage_spread(algo.advantages(rewards, group_ids), group_ids))
+    assert 0 < maker.spread["adv_zero_spread"] < 1  # GROUP_REWARDS has groups with and without a spread

@@ -215,3 +215,53 @@ def test_two_deepspeed_ranks_give_the_whole_steps_gradient(name, tmp_path, embed
         for n in want:
             assert torch.allclose(got["grads"][n], want[n], rtol=1e-4, atol=1e-7), (rank, n)
         assert got["policy_loss"] == pytest.approx(loss, rel=1e-4)
+
+
+class StepCountingStrategy(MmrlDeepspeedStrategy):
+    """Counts the optimizer steps DeepSpeed takes (one per accumulation boundary)."""
+
+    steps = 0
+
+    def optimizer_step(self, optimizer, model, scheduler, name="model", **kwargs):
+        engine = model.model if isinstance(model, Actor) else model
+        if engine.is_gradient_accumulation_boundary():
+            self.steps += 1
+        return super().optimizer_step(optimizer, model, scheduler, name, **kwargs)
+
+
+@pytest.mark.parametrize("target_kl", [0.0, 1e-6])
+def test_target_kl_stops_the_steps_updates_once_the_kl_leaves_the_band(target_kl, tmp_path, gloo_world_of_one,
+                                                                        embedded_model_dir):
+    # 2 epochs of one optimizer step each; π_old is off the policy (noise), so the first forward already measures a
+    # KL far above 1e-6: with that band the first step is the last
+    args = launch_args(tmp_path, "grpo")
+    args.mmrl["target_kl"] = target_kl
+    model = tiny_policy()
+    batch = rollout_with_old_logprobs(model, REWARDS)
+    strategy = StepCountingStrategy(seed=0, max_norm=1.0, micro_train_batch_size=args.train.micro_batch_size,
+                                    train_batch_size=args.train.batch_size, zero_stage=2, args=args)
+    strategy.world_size, strategy.accumulated_gradient = 1, args.train.batch_size // args.train.micro_batch_size
+    actor = Actor(model)
+    actor.packing_samples = False
+    actor_cfg = {"optim": "adam", "muon": {}, "adam": {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8,
+                                                       "weight_decay": 0.0},
+                 "lr_scheduler": "constant", "lr_warmup_ratio": 0.0, "max_norm": 1.0, "scheduler_steps": 4}
+    actor, optim, scheduler = strategy.prepare((actor, actor_cfg))
+    maker = MmrlExperienceMaker(None, None, None, None, None, strategy, type("Tok", (), {"pad_token_id": 0}),
+                                mmrl_spec=args.mmrl)
+    experiences = maker.compute_advantages_and_returns(maker.split_rollout_samples(as_openrlhf_samples(batch)))
+    buffer = object.__new__(NaiveReplayBuffer)
+    buffer.cpu_offload, buffer.limit, buffer.items = False, 0, []
+    for e in experiences:
+        buffer.append(e)
+    trainer = object.__new__(ActorPPOTrainer)
+    trainer.__dict__.update(strategy=strategy, args=args, actor=actor, ema_model=None, actor_optim=optim,
+                            actor_scheduler=scheduler, micro_train_batch_size=args.train.micro_batch_size,
+                            max_epochs=2, aux_loss=False, replay_buffer=buffer)
+    adopt(trainer, args.mmrl)
+    status = trainer.ppo_train(kl_ctl=0.0)
+    assert status["mmrl/kl_old_max"] > status["mmrl/kl_old"] > 1e-6
+    if target_kl:
+        assert strategy.steps == 1 and status["mmrl/kl_early_stop"] == 1.0
+    else:
+        assert strategy.steps == 2 and "mmrl/kl_early_stop" not in status

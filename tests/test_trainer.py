@@ -29,8 +29,9 @@ def test_every_algorithm_trains_two_steps(tmp_path, embedded_model_dir, name, sm
     assert trainer.step == 2 and last["step"] == 2  # a record's step: the updates made once it ends
     records = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
-    for key in ("reward", "accuracy", "response_length", "entropy", "grad_norm", "kl_old", "step_time",
-                "tokens_per_s", "format_rate", "eval/pass@1", "eval/pass@2", "eval/avg@2", "eval/format_rate"):
+    for key in ("reward", "accuracy", "response_length", "entropy", "grad_norm", "kl_old", "kl_step", "kl_step_max",
+                "adv_group_std", "adv_zero_spread", "adv_mean", "lr", "step_time", "tokens_per_s", "format_rate",
+                "eval/pass@1", "eval/pass@2", "eval/avg@2", "eval/format_rate"):
         assert key in records[-1], key
     changed = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=False))
     assert changed or all(r["reward_std"] == 0 for r in records)  # no signal is the only excuse not to move

@@ -11,9 +11,10 @@ from collections import Counter
 import pytest
 import torch
 
-from mmrl.algos.base import stats_for_rows
+from mmrl.algos.base import kl_k3, stats_for_rows
+from mmrl.trainer.kl_band import BandedStep, hold_in_band
 from mmrl.trainer.local import build_trainer
-from mmrl.trainer.rollout import response_logprobs
+from mmrl.trainer.rollout import batch_logprobs, response_logprobs
 
 MOE = "embedded:tiny-qwen3-moe"
 # 6 groups of 4 responses; 2 mini-batches of 3 groups, each a micro-batch of 2 groups and one of 1 (unequal shares);
@@ -99,6 +100,12 @@ def plain_update(trainer, batch, stats) -> dict[str, float]:
             sums.update({"grad_norm": float(grad_norm)})
     out = {k: v / max(updates, 1) for k, v in sums.items()}
     out.update(updates=float(updates), skipped_updates=float(skipped))
+    # the updated policy's k3 KL to π_old on every trained token of the batch
+    with torch.no_grad(), trainer.autocast():
+        now, _ = batch_logprobs(model, batch, cfg.rollout.temperature, o.micro_batch_size or 64,
+                                row_by_row_min_width=trainer.row_by_row_min_width)
+    kl = kl_k3(now.float(), batch.old_logprobs.float())[batch.response_mask > 0]
+    out.update(kl_step=float(kl.mean()), kl_step_max=float(kl.max()))
     return out
 
 
@@ -143,3 +150,48 @@ def test_update_accumulates_micro_batches_as_the_plain_loop(tmp_path, small_conf
     assert [m["updates"] for m in got] == [4.0 - skipped, 4.0 - skipped]
     if case == "moe":
         assert "moe/aux_loss" in got[0]
+
+
+# a rate far above the task's: one Adam step moves the tiny model's policy well past any band worth keeping
+LOUD = {"optim.lr": 0.003, "optim.epochs": 2, "rollout.temperature": 1.0}
+
+
+@pytest.mark.parametrize("target", [0.0, 0.01])
+def test_target_kl_keeps_each_step_inside_the_band(tmp_path, small_config, target):
+    trainer = build_trainer(small_config(tmp_path, **LOUD, **{"optim.target_kl": target}))
+    batch, stats = fixed_batch(trainer, poison_group=None)
+    got = trainer.update(batch, stats)
+    if not target:  # without the band the same update leaves it: the check below can fail
+        assert got["kl_step"] > 0.01 and "kl_halvings" not in got
+        return
+    assert 0 < got["kl_step"] <= target
+    assert got["kl_halvings"] > 0 and got["kl_early_stop"] == 1.0
+    assert got["updates"] < 2.0  # the step that had to be shrunk ended the rollout step's updates
+
+
+def test_one_update_measures_kl_against_its_own_pi_old(tmp_path, small_config):
+    # one update, no reference: π_old is the update forward's own log-probs, not a separate rescoring
+    trainer = build_trainer(small_config(tmp_path, **{"optim.lr": 0.01}))
+    assert trainer.old_logprobs_from_update()
+    batch, stats = fixed_batch(trainer, poison_group=None)
+    assert batch.old_logprobs is None
+    with torch.no_grad(), trainer.autocast():
+        before, _ = batch_logprobs(trainer.model, batch, trainer.cfg.rollout.temperature)
+    got = trainer.update(batch, stats)
+    with torch.no_grad(), trainer.autocast():
+        after, _ = batch_logprobs(trainer.model, batch, trainer.cfg.rollout.temperature)
+    kl = kl_k3(after, before)[batch.response_mask > 0]
+    assert got["kl_step"] > 0
+    assert got["kl_step"] == pytest.approx(float(kl.mean()), rel=1e-4, abs=1e-7)
+    assert got["kl_step_max"] == pytest.approx(float(kl.max()), rel=1e-4, abs=1e-7)
+
+
+def test_hold_in_band_halves_then_undoes_the_step():
+    start = torch.zeros(3)
+    p = torch.full((3,), 8.0)  # the step taken: +8 on each weight
+    measure = lambda: (float(p.abs().max()), float(p.abs().sum()))  # noqa: E731  "KL" = how far the weights moved
+    kept = hold_in_band([p], [start], measure, target=2.0, max_halvings=4)
+    assert kept == BandedStep(2.0, 6.0, 2, False) and torch.equal(p, torch.full((3,), 2.0))
+    p.fill_(8.0)
+    undone = hold_in_band([p], [start], measure, target=0.1, max_halvings=3)
+    assert undone == BandedStep(0.0, 0.0, 3, True) and torch.equal(p, start)

@@ -506,5 +506,33 @@ def policy_drift_metrics(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -
     return {"kl_old": masked_mean(kl_k3(lp, old_logprobs), mask), "entropy_proxy": masked_mean(-lp, mask)}
 
 
+def kl_to_old(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> tuple[float, float]:
+    """(mean, max) over the trained tokens of the per-token k3 KL(π_θ || π_old). The max shows what a mean hides: a
+    near-deterministic policy can move a handful of tokens by orders of magnitude while the mean barely changes."""
+    kl = kl_k3(logprobs.detach().float(), old_logprobs.float())
+    on = mask > 0
+    if not on.any():
+        return 0.0, 0.0
+    return float(kl[on].mean()), float(kl[on].max())
+
+
+def advantage_spread(advantages: Tensor, group_ids: Tensor, tol: float = 1e-6) -> dict[str, float]:
+    """How much learning signal a batch's groups carry: ``adv_group_std``, the mean over groups of the advantages'
+    standard deviation within the group (ddof 1; 0 for a group of one), and ``adv_zero_spread``, the share of groups
+    whose advantages all lie within ``tol`` of each other (nothing to learn from them); and ``adv_mean``, the mean
+    over rows, which is not 0 where rows are not what the baseline averaged over (the turn layout's turn-samples of
+    episodes normalised one value per episode: long episodes weigh more)."""
+    if advantages.numel() == 0:
+        return {"adv_group_std": 0.0, "adv_zero_spread": 0.0, "adv_mean": 0.0}
+    values = advantages.detach().to(torch.float64)
+    dense, n_groups = group_index(group_ids)
+    _, std, _ = group_mean_std(values, group_ids)
+    per_group = torch.zeros(n_groups, dtype=torch.float64).scatter(0, dense, std)
+    hi = torch.full((n_groups,), float("-inf"), dtype=torch.float64).scatter_reduce(0, dense, values, reduce="amax")
+    lo = torch.full((n_groups,), float("inf"), dtype=torch.float64).scatter_reduce(0, dense, values, reduce="amin")
+    return {"adv_group_std": float(per_group.mean()), "adv_zero_spread": float(((hi - lo) <= tol).double().mean()),
+            "adv_mean": float(values.mean())}
+
+
 def float_metrics(**values: Tensor | float) -> Metrics:
     return {k: float(v.detach().item()) if isinstance(v, Tensor) else float(v) for k, v in values.items()}

@@ -91,6 +91,7 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
         self.algo = algos.get(spec.algo, **spec.params)
         self.actor_loss_fn = MmrlPolicyLoss(self.algo)
         self.mmrl_epoch_seed = int(self.args.train.seed)
+        self.mmrl_target_kl = float(spec.get("target_kl", 0.0))
 
     def micro_batches(self, items: list, generator: torch.Generator, count: int | None = None) -> list:
         """Micro-batches of whole groups; ``count`` > their number: idle ones (no trained token) fill up to it."""
@@ -112,11 +113,15 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
         weight = objective = total = 0.0
         step = 0
         norms: list[float] = []
+        kl_max = 0.0
+        stopped = False
         items = list(self.replay_buffer.items)
         own = len(whole_group_micro_batches([int(_per_sample(it.info[GROUP_KEY])[0]) for it in items],
                                             self.micro_train_batch_size))
         count = padded_count(int(_all_reduce_sum([own], self.strategy, dist.ReduceOp.MAX)[0]), gas)
         for _ in range(self.max_epochs):
+            if stopped:
+                break
             batches = self.micro_batches(items, generator, count)
             for start in range(0, len(batches), gas):
                 window = batches[start:start + gas]
@@ -129,6 +134,7 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
                 total_mass, tokens, samples = _all_reduce_sum(local, self.strategy)
                 norm = {"dp_size": dp, "batch_num_tokens": torch.tensor(tokens / gas, device=_device()),
                         "global_batch_size": torch.tensor(samples / gas, device=_device())}
+                window_kl = [0.0, 0.0]  # token-weighted k3 KL to π_old of the window's forwards: sum, tokens
                 for experience, (group_ids, stats), mass, is_real in zip(window, fields, masses, real, strict=True):
                     experience.to_device(_device())
                     self.actor_loss_fn.bind(MicroBatch(group_ids, stats, loss_scale(mass, total_mass, dp, gas),
@@ -138,6 +144,10 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
                     last = status["metrics"]
                     if not is_real:
                         continue
+                    kl_max = max(kl_max, self.actor_loss_fn.last_kl_max)
+                    trained = float(experience.action_mask.sum())
+                    window_kl[0] += self.actor_loss_fn.last_metrics.get("kl_old", 0.0) * trained
+                    window_kl[1] += trained
                     n = float(experience.action_mask.shape[0])
                     values = {k: float(v.float().mean()) if isinstance(v, torch.Tensor) else float(v)
                               for k, v in status["metrics"].items()
@@ -154,6 +164,14 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
                 # `grad_norm`, and shows a gradient even when the last mini-batch's groups had none.
                 if "actor_grad_norm" in last:
                     norms.append(float(last["actor_grad_norm"]))
+                if self.mmrl_target_kl > 0:
+                    # optim.target_kl: the window's forwards measured the weights its step started from; past the
+                    # band, the step's remaining updates are skipped (ZeRO shards the weights, so the local
+                    # backend's halving of the step is not done here). Every rank stops together.
+                    kl_sum, kl_tokens = _all_reduce_sum(window_kl, self.strategy)
+                    if kl_sum / max(kl_tokens, 1.0) > self.mmrl_target_kl:
+                        stopped = True
+                        break
         keys = sorted(sums)
         reduced = _all_reduce_sum([sums[k] for k in keys] + [objective, total, weight], self.strategy)
         out = {k: v / max(reduced[-1], 1.0) for k, v in zip(keys, reduced[:-3], strict=True)}
@@ -162,6 +180,9 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
             out.update({k: float(last[k]) for k in ("actor_lr", "actor_grad_norm") if k in last})
         if norms:
             out["mmrl/grad_norm"] = sum(norms) / len(norms)
+        out["mmrl/kl_old_max"] = _all_reduce_sum([kl_max], self.strategy, dist.ReduceOp.MAX)[0]
+        if self.mmrl_target_kl > 0:
+            out["mmrl/kl_early_stop"] = float(stopped)
         return out
 
 

@@ -35,6 +35,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 import mmrl.algos as algos
+from mmrl.algos.base import advantage_spread
 from mmrl.batch import TurnStep
 from mmrl.openrlhf.grouping import GROUP_KEY, ROW_STATS_PREFIX, STATS_PREFIX, STEP_KEY, rank_shares, rollout_group_ids
 from mmrl.openrlhf.spec import ActorSpec
@@ -72,6 +73,7 @@ class MmrlExperienceMaker(RemoteExperienceMaker):
         self.algo = algos.get(mmrl_spec.algo, **mmrl_spec.params)
         self.group_size = mmrl_spec.samples_per_prompt
         self.turn_steps: algos.TurnSteps | None = None  # the turn layout: the current step's row facts
+        self.spread: dict[str, float] = {}  # the last step's advantage spread (mmrl.algos.base.advantage_spread)
 
     def split_rollout_samples(self, rollout_samples):
         steps = [s.info.pop(STEP_KEY)[0] for s in rollout_samples if STEP_KEY in s.info]
@@ -101,6 +103,8 @@ class MmrlExperienceMaker(RemoteExperienceMaker):
             e.rewards = e.rewards.to(torch.promote_types(e.rewards.dtype, torch.float32))
         apply_length_penalties(experiences, self.args)  # only when OpenRLHF's overlong/stop penalties are asked for
         advantages, stats = whole_batch_advantages(self.algo, experiences, self.turn_steps)
+        group_ids = torch.cat([e.info[GROUP_KEY].reshape(-1) for e in experiences]).long()
+        self.spread = advantage_spread(advantages, group_ids)
         numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
         rows = {k: v.reshape(-1).to(torch.float64) for k, v in stats.items() if isinstance(v, torch.Tensor)}
         at = 0

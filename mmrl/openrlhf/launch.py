@@ -131,10 +131,11 @@ def run_spec(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     earlier run's lines, the step budget (rollout steps, and optimizer steps: the lr schedule's length), and the env
     pool size of multi-turn rollouts (``rollout.env_workers``), whether the rehearsal's rollout actors may run the
     model's own code (``model.trust_remote_code``), and GVPO's replayed responses per group
-    (``rollout.replay_historical``)."""
+    (``rollout.replay_historical``), and the KL band of the policy's updates (``optim.target_kl``)."""
     return {"metrics_path": str(out / "metrics.jsonl"), "resume": cfg.run.resume, "steps": cfg.run.steps,
             "optimizer_steps": optimizer_steps(cfg), "env_workers": cfg.rollout.env_workers,
-            "trust_remote_code": cfg.model.trust_remote_code, "replay_historical": cfg.rollout.replay_historical}
+            "trust_remote_code": cfg.model.trust_remote_code, "replay_historical": cfg.rollout.replay_historical,
+            "target_kl": cfg.optim.target_kl}
 
 
 def check_devices(cfg: TrainConfig) -> str | None:

@@ -19,7 +19,7 @@ import torch
 from openrlhf.models.loss import PolicyLoss
 
 from mmrl.algos import Algorithm
-from mmrl.algos.base import Metrics, masked_mean
+from mmrl.algos.base import Metrics, kl_to_old, masked_mean
 
 
 @dataclasses.dataclass
@@ -47,6 +47,7 @@ class MmrlPolicyLoss(PolicyLoss):
         self.micro: MicroBatch | None = None
         self.last_loss: torch.Tensor | None = None  # unscaled objective value of the last call (for logging)
         self.last_metrics: Metrics = {}
+        self.last_kl_max = 0.0  # the largest per-token k3 KL to π_old of the last call (a mean hides a few tokens)
 
     def bind(self, micro: MicroBatch) -> None:
         self.micro = micro
@@ -70,6 +71,7 @@ class MmrlPolicyLoss(PolicyLoss):
         if not finite:  # NaN/inf never reach DeepSpeed: this micro-batch contributes no gradient
             loss = (log_probs * 0.0).sum()
         self.last_loss, self.last_metrics = loss.detach(), metrics
+        self.last_kl_max = kl_to_old(log_probs, old_log_probs, mask)[1]
         clip_ratio = torch.tensor(metrics.get("clip_frac", 0.0), device=log_probs.device)
         ppo_kl = masked_mean(-(log_probs - old_log_probs).detach(), mask)  # OpenRLHF's ppo_kl definition
         return loss * micro.scale, clip_ratio, ppo_kl, None, None

@@ -60,8 +60,10 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
         return self.strategy.args.mmrl.optimizer_steps
 
     def _compute_rollout_stats(self, experiences):
-        """OpenRLHF's rollout statistics, and the replay's of this step (``replay/*``) when GVPO replays."""
-        stats = super()._compute_rollout_stats(experiences)
+        """OpenRLHF's rollout statistics, the spread of the step's advantages within groups (``mmrl/adv_group_std``,
+        ``mmrl/adv_zero_spread``), and the replay's of this step (``replay/*``) when GVPO replays."""
+        stats = {**super()._compute_rollout_stats(experiences),
+                 **{f"mmrl/{k}": v for k, v in self.experience_maker.spread.items()}}
         replay = self.experience_maker.replay
         return {**stats, **replay.metrics} if replay is not None else stats
 

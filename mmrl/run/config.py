@@ -188,6 +188,13 @@ class OptimConfig:
                                        "must be >= 0, and > 0 only with rollout.agent_layout turn on the openrlhf "
                                        "backend", lambda v, cfg: v == 0 or (v > 0 and cfg.rollout.agent_layout == "turn"
                                                                             and cfg.run.backend == "openrlhf")))
+    target_kl: float = setting(0.0, "the KL band of an update: after each optimizer step the mean per-token k3 "
+                               "KL(pi_theta || pi_old) on the step's trained tokens is measured; above target_kl the "
+                               "step is halved (up to optim.kl_halvings times, then undone) and the rollout step's "
+                               "remaining updates are skipped (PPO's early stop by target KL); 0: no band",
+                               at_least(0))
+    kl_halvings: int = setting(4, "optim.target_kl: halvings of a step that left the band before it is undone",
+                               at_least(0))
     # wide CPU text batches are scored one unpadded row at a time: the same values, about half the CPU on ALFWorld
     # episodes (mmrl.trainer.rollout.ROW_BY_ROW_MIN_WIDTH)
     row_by_row: bool = setting(True, "on the CPU, score text batches at least 512 tokens wide one unpadded row at a "

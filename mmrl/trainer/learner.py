@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from functools import partial
 from typing import Any
 
 import torch
 
 import mmrl.algos as algos
 from mmrl import moe
-from mmrl.algos.base import stats_for_rows
+from mmrl.algos.base import kl_to_old, stats_for_rows
 from mmrl.batch import Group, RolloutBatch, collate
 from mmrl.run.config import TrainConfig
+from mmrl.trainer.kl_band import hold_in_band
 from mmrl.trainer.policy import Policy
 from mmrl.trainer.rollout import ROW_BY_ROW_MIN_WIDTH, batch_logprobs, response_logprobs
 
@@ -126,7 +128,9 @@ class Learner:
 
     def update(self, batch: RolloutBatch, stats: dict[str, Any], step: int) -> dict[str, float]:
         """K epochs over mini-batches of whole groups; one optimizer step per mini-batch, its gradient accumulated
-        over micro-batches (:meth:`accumulate`). A step whose loss or gradient is not finite is skipped.
+        over micro-batches (:meth:`accumulate`). A step whose loss or gradient is not finite is skipped. With
+        ``optim.target_kl`` each step is held inside the KL band (mmrl.trainer.kl_band), and a step that had to be
+        shrunk ends the rollout step's updates. Ends with the KL of the updated policy to π_old over the batch.
         ``step``: the steps done before it (it seeds the mini-batch order)."""
         o = self.cfg.optim
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
@@ -134,13 +138,18 @@ class Learner:
         n_groups = int(batch.group_ids.max()) + 1
         sums: Counter[str] = Counter()
         updates = skipped = 0
+        # one update with no π_old forward of its own: π_old is the update forward's detached log-probs, kept here
+        old = batch.old_logprobs if batch.old_logprobs is not None else torch.zeros_like(batch.response_mask)
+        stopped = False
         for _ in range(o.epochs):
+            if stopped:
+                break
             for chunk in torch.randperm(n_groups, generator=order_rng).chunk(o.minibatches):
                 micro = self.micro_batches(batch, chunk)
                 masses = [self.algo.loss_mass(batch.response_mask[r], batch.group_ids[r]) for r in micro]
                 if sum(masses) == 0 and not self.router_losses:
                     continue  # nothing in this mini-batch carries loss (e.g. only empty responses)
-                finite, step_metrics = self.accumulate(batch, stats, micro, masses)
+                finite, step_metrics = self.accumulate(batch, stats, micro, masses, old)
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, o.grad_clip) if finite else None
                 if grad_norm is None or not torch.isfinite(grad_norm):
                     self.optimizer.zero_grad(set_to_none=True)  # NaN/inf never reaches the optimizer
@@ -148,30 +157,53 @@ class Learner:
                     continue
                 # the rate this update steps with (the scheduler's last rate once it has stepped is the next one's)
                 sums.update({"lr": self.optimizer.param_groups[0]["lr"]})
+                before = [p.detach().clone() for p in params] if o.target_kl else None
                 self.optimizer.step()
                 self.scheduler.step()
                 updates += 1
                 sums.update(step_metrics)
                 sums.update({"grad_norm": float(grad_norm)})
+                if before is not None:
+                    rows = torch.cat(micro)
+                    band = hold_in_band(params, before, partial(self.measure_kl, batch, old, rows), o.target_kl,
+                                        o.kl_halvings)
+                    sums.update({"kl_halvings": float(band.halvings), "kl_undone": float(band.undone)})
+                    if band.halvings or band.undone:  # at the band's edge: further steps would only push on it
+                        stopped = True
+                        break
         out = {k: v / max(updates, 1) for k, v in sums.items()}
         out.update(updates=float(updates), skipped_updates=float(skipped))
+        if o.target_kl:
+            out["kl_early_stop"] = float(stopped)
+        out["kl_step"], out["kl_step_max"] = self.measure_kl(batch, old, torch.arange(batch.size))
         return out
 
+    def measure_kl(self, batch: RolloutBatch, old: torch.Tensor, rows: torch.Tensor) -> tuple[float, float]:
+        """(mean, max) per-token k3 KL(π_θ || π_old) of the current weights on the trained tokens of ``rows``: one
+        forward without gradient."""
+        sub = batch.select(rows)
+        with torch.no_grad(), self.policy.autocast():
+            logprobs, _ = batch_logprobs(self.policy.model, sub, self.cfg.rollout.temperature,
+                                         self.cfg.optim.micro_batch_size or 64,
+                                         row_by_row_min_width=self.row_by_row_min_width)
+        return kl_to_old(logprobs, old[rows], sub.response_mask)
+
     def accumulate(self, batch: RolloutBatch, stats: dict[str, Any], micro: list[torch.Tensor],
-                   masses: list[float]) -> tuple[bool, Counter[str]]:
+                   masses: list[float], old: torch.Tensor | None = None) -> tuple[bool, Counter[str]]:
         """The gradient of one mini-batch, accumulated exactly over its micro-batches (``micro``: the rows of each;
         ``masses``: each one's ``algo.loss_mass``) into the parameters' ``.grad``, for one optimizer step.
 
         Each micro-batch's loss is weighted by its share of the mini-batch's loss mass, its router losses by its
         share of rows, so the sum is the whole mini-batch's gradient; the metrics are weighted alike. Returns
         (finite, metrics); (False, nothing) at the first non-finite loss, with part of the gradient accumulated.
+        Without π_old log-probs in ``batch`` (one update per rollout), the update's own are written into ``old``.
         """
         total, n_rows = sum(masses), sum(len(r) for r in micro)
         self.optimizer.zero_grad(set_to_none=True)
         metrics: Counter[str] = Counter()
         for rows, mass in zip(micro, masses, strict=True):
             sub = batch.select(rows).to(self.policy.device)
-            loss, router_loss, entropy, micro_metrics = self.micro_batch_loss(batch, rows, sub, stats)
+            loss, router_loss, entropy, micro_metrics = self.micro_batch_loss(batch, rows, sub, stats, old)
             if not (torch.isfinite(loss) and torch.isfinite(torch.as_tensor(router_loss))):
                 return False, Counter()
             share = mass / total if total else 0.0
@@ -182,7 +214,8 @@ class Learner:
             metrics.update({"loss": float(loss.detach()) * share, "entropy": token_entropy * share})
         return True, metrics
 
-    def micro_batch_loss(self, batch: RolloutBatch, rows: torch.Tensor, sub: RolloutBatch, stats: dict[str, Any]
+    def micro_batch_loss(self, batch: RolloutBatch, rows: torch.Tensor, sub: RolloutBatch, stats: dict[str, Any],
+                         old_out: torch.Tensor | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor, dict[str, float]]:
         """The training forward of the ``rows`` of ``batch`` (``sub``: those rows on the device) and its losses:
         (the objective's loss with its entropy bonus, the MoE router losses (0.0 for a dense model), the token
@@ -197,6 +230,8 @@ class Learner:
                                                       row_by_row_min_width=self.row_by_row_min_width,
                                                       entropy_grad=self.algo.entropy_coef > 0)
         old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
+        if sub.old_logprobs is None and old_out is not None:
+            old_out[rows] = old.float().cpu()
         loss, metrics = self.algo.policy_loss(
             logprobs=logprobs, old_logprobs=old, advantages=sub.advantages, mask=sub.response_mask,
             group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs, stats=stats_for_rows(stats, rows))

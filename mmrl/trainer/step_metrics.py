@@ -13,6 +13,7 @@ import torch
 
 import mmrl.algos as algos
 from mmrl import moe
+from mmrl.algos.base import advantage_spread
 from mmrl.batch import Group, Response, RolloutBatch
 from mmrl.tasks import Task
 from mmrl.tasks.base import EnvTask
@@ -58,6 +59,7 @@ def step_record(step: int, task: Task | EnvTask, groups: list[Group], batch: Rol
     if task.format_key:
         record["format_rate"] = float(np.mean([c.get(task.format_key, 0.0) >= 1.0 for c in components]))
     record.update({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})
+    record.update(advantage_spread(batch.advantages, batch.group_ids))
     if batch.ref_logprobs is not None:
         kl = algos.base.kl_k3(batch.old_logprobs, batch.ref_logprobs)
         record["kl_init"] = float((kl * batch.response_mask).sum() / batch.response_mask.sum().clamp(min=1))
