@@ -142,7 +142,7 @@ def model_with_template(tmp_path, template: str) -> Path:
     ("{% for i in range(10**12) %}{{ i }}{% endfor %}", "OverflowError"),
 ], ids=["nested-loops", "escape", "huge-range"])
 def test_a_hostile_chat_template_is_one_line_naming_its_file(tmp_path, monkeypatch, template, why):
-    from mmrl.models import chat_template
+    from mmrl import chat_template
     from mmrl.models.loading import load_tokenizer
 
     monkeypatch.setattr(chat_template, "SECONDS", 2)

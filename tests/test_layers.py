@@ -13,7 +13,7 @@ import pytest
 SOURCE = Path(__file__).resolve().parents[1] / "mmrl"
 # Top-level modules that every layer may import (docs/architecture.md): they import nothing from mmrl but the error
 # types, which import nothing at all, so that a leaf can raise a UserError.
-LEAF_MODULES = ("cache", "errors", "files", "hub", "values")
+LEAF_MODULES = ("cache", "chat_template", "errors", "files", "hub", "paths", "values")
 
 
 def module_name(path: Path) -> str:

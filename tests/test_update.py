@@ -101,9 +101,9 @@ def plain_update(trainer, batch, stats) -> dict[str, float]:
     out = {k: v / max(updates, 1) for k, v in sums.items()}
     out.update(updates=float(updates), skipped_updates=float(skipped))
     # the updated policy's k3 KL to π_old on every trained token of the batch
-    with torch.no_grad(), trainer.autocast():
+    with torch.no_grad(), trainer.policy.autocast():
         now, _ = batch_logprobs(model, batch, cfg.rollout.temperature, o.micro_batch_size or 64,
-                                row_by_row_min_width=trainer.row_by_row_min_width)
+                                row_by_row_min_width=trainer.learner.row_by_row_min_width)
     kl = kl_k3(now.float(), batch.old_logprobs.float())[batch.response_mask > 0]
     out.update(kl_step=float(kl.mean()), kl_step_max=float(kl.max()))
     return out
@@ -172,13 +172,13 @@ def test_target_kl_keeps_each_step_inside_the_band(tmp_path, small_config, targe
 def test_one_update_measures_kl_against_its_own_pi_old(tmp_path, small_config):
     # one update, no reference: π_old is the update forward's own log-probs, not a separate rescoring
     trainer = build_trainer(small_config(tmp_path, **{"optim.lr": 0.01}))
-    assert trainer.old_logprobs_from_update()
+    assert trainer.learner.old_logprobs_from_update()
     batch, stats = fixed_batch(trainer, poison_group=None)
     assert batch.old_logprobs is None
-    with torch.no_grad(), trainer.autocast():
+    with torch.no_grad(), trainer.policy.autocast():
         before, _ = batch_logprobs(trainer.model, batch, trainer.cfg.rollout.temperature)
     got = trainer.update(batch, stats)
-    with torch.no_grad(), trainer.autocast():
+    with torch.no_grad(), trainer.policy.autocast():
         after, _ = batch_logprobs(trainer.model, batch, trainer.cfg.rollout.temperature)
     kl = kl_k3(after, before)[batch.response_mask > 0]
     assert got["kl_step"] > 0

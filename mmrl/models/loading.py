@@ -23,7 +23,7 @@ import torch
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.errors import UserError
 from mmrl.hub import locate_path_or_hub_id
-from mmrl.models.chat_template import check_tokenizer_template
+from mmrl.chat_template import check_tokenizer_template
 from mmrl.models.gguf_cache import dequantised_copy
 from mmrl.models.shipped import BUILD_RECORD, shipped_model
 from mmrl.vision.processor import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionProcessor

@@ -30,7 +30,7 @@ class RewardModelScorer:
         except (OSError, ValueError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UserError(f"task.reward_model: cannot load {path!r}: {first}") from None
-        from mmrl.models.chat_template import check_tokenizer_template
+        from mmrl.chat_template import check_tokenizer_template
 
         check_tokenizer_template(self.tokenizer, os.path.expanduser(where))
         if self.tokenizer.pad_token is None:

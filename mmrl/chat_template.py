@@ -4,7 +4,7 @@ A chat template is a program that comes with the model (Jinja, run in transforme
 attribute escapes and caps ``range()`` at 100,000 items, but it bounds neither time nor memory: two nested loops
 under the cap ran for minutes, and a refused escape or an oversized ``range()`` surfaced as a ``SecurityError`` or
 ``OverflowError`` traceback wherever the template was first rendered. So the template of every model mmrl does not
-ship is first rendered on a one-turn chat by ``python -m mmrl.models.chat_template``, a fresh interpreter (not a
+ship is first rendered on a one-turn chat by ``python -m mmrl.chat_template``, a fresh interpreter (not a
 ``multiprocessing`` child, which would re-run the caller's script), with at most `SECONDS` of rendering and
 `MEMORY_BYTES` more memory than its imports took; a template that fails there, or runs out of either, is refused in
 one line naming its file. The same template renders in the run for every prompt, so a template that passes here
@@ -63,7 +63,7 @@ def _probe(template: str, special: str, seconds: int) -> str:
     request = json.dumps({"template": template, "special": json.loads(special), "seconds": seconds})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     try:  # the child's own alarm bounds the rendering; this bounds its start and a render stuck in native code
-        done = subprocess.run([sys.executable, "-m", "mmrl.models.chat_template"], input=request, env=env,
+        done = subprocess.run([sys.executable, "-m", "mmrl.chat_template"], input=request, env=env,
                               capture_output=True, text=True, encoding="utf-8", timeout=seconds + 120)
     except subprocess.TimeoutExpired:
         return f"it did not finish rendering a one-turn chat in {seconds + 120} s"
