@@ -24,7 +24,8 @@ from mmrl.batch import Group
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.models import load_model, load_tokenizer
 from mmrl.tasks import get_task
-from mmrl.trainer.rollout import encode_prompt, generate, score_groups
+from mmrl.run.prompts import encode_prompt
+from mmrl.trainer.rollout import generate, score_groups
 
 PROMPTS, GROUP = 64, 8
 

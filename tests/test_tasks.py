@@ -164,7 +164,7 @@ def test_pretrained_models_get_the_instruct_chat_unless_the_user_chose(tmp_path)
     from mmrl.run.config import TrainConfig
     from mmrl.tasks.base import TASK_PRETRAINED_OPTIONS, options_for_model
 
-    assert set(TASK_PRETRAINED_OPTIONS) == {"arithmetic", "countdown", "math"}
+    assert set(TASK_PRETRAINED_OPTIONS) == {"arithmetic", "arithmetic_stream", "countdown", "math"}
     assert options_for_model("arithmetic", {"ops": "+-"}, embedded=True) == {"ops": "+-"}
     chosen = options_for_model("arithmetic", {"one_shot": False}, embedded=False)
     assert chosen["one_shot"] is False and chosen["system_prompt"].startswith("Solve the problem")

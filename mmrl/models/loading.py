@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from mmrl.cache import EMBEDDED_NAME
+from mmrl.chat_template import check_tokenizer_template
 from mmrl.errors import UserError
 from mmrl.hub import locate_path_or_hub_id
-from mmrl.chat_template import check_tokenizer_template
 from mmrl.models.gguf_cache import dequantised_copy
 from mmrl.models.shipped import BUILD_RECORD, shipped_model
 from mmrl.vision.processor import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, VisionProcessor

@@ -91,7 +91,7 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
         self.algo = algos.get(spec.algo, **spec.params)
         self.actor_loss_fn = MmrlPolicyLoss(self.algo)
         self.mmrl_epoch_seed = int(self.args.train.seed)
-        self.mmrl_target_kl = float(spec.get("target_kl", 0.0))
+        self.mmrl_target_kl = spec.target_kl
 
     def micro_batches(self, items: list, generator: torch.Generator, count: int | None = None) -> list:
         """Micro-batches of whole groups; ``count`` > their number: idle ones (no trained token) fill up to it."""

@@ -36,6 +36,7 @@ class ActorSpec:
     env_workers: int  # rollout.env_workers: the env pool of multi-turn rollouts
     trust_remote_code: bool  # model.trust_remote_code, for the rehearsal's rollout actors
     replay_historical: int  # GVPO's replayed responses per group (rollout.replay_historical)
+    target_kl: float  # optim.target_kl: a step's updates end once their measured KL to π_old leaves it (0: off)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
