@@ -23,8 +23,8 @@ from mmrl.algos.cw_grpo import covariance_weights, group_covariance_stats
 from mmrl.batch import Group
 from mmrl.cache import EMBEDDED_NAME
 from mmrl.models import load_model, load_tokenizer
-from mmrl.tasks import get_task
 from mmrl.run.prompts import encode_prompt
+from mmrl.tasks import get_task
 from mmrl.trainer.rollout import generate, score_groups
 
 PROMPTS, GROUP = 64, 8

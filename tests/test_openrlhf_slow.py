@@ -10,6 +10,7 @@ tests/openrlhf_dp_worker.py.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import socket
 
@@ -235,7 +236,7 @@ def test_target_kl_stops_the_steps_updates_once_the_kl_leaves_the_band(target_kl
     # 2 epochs of one optimizer step each; π_old is off the policy (noise), so the first forward already measures a
     # KL far above 1e-6: with that band the first step is the last
     args = launch_args(tmp_path, "grpo")
-    args.mmrl["target_kl"] = target_kl
+    args.mmrl = dataclasses.replace(args.mmrl, target_kl=target_kl)
     model = tiny_policy()
     batch = rollout_with_old_logprobs(model, REWARDS)
     strategy = StepCountingStrategy(seed=0, max_norm=1.0, micro_train_batch_size=args.train.micro_batch_size,
