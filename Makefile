@@ -14,6 +14,9 @@ BIN := $(VENV)/bin
 # system one), the editable mmrl .pth there runs its import with no standard library on sys.path and the build dies
 # with "No module named 'glob'". The venv's own python has already imported that .pth at start-up, so it builds.
 export PATH := $(abspath $(BIN)):$(PATH)
+# Every package `make setup` installs, at the version CI tested (`make lock` writes it from a working venv). torch and
+# its platform-bound family (torchvision, triton, nvidia-*, cuda-*) are left to TORCH above: torch pins its own.
+LOCK := requirements/dev-lock.txt
 # pip compiles every installed module to bytecode one file at a time, a large part of torch's install time: the
 # installs skip it and `$(COMPILE)` then compiles the venv on every core. A file that does not compile (pip's own
 # pass skips those too) compiles, or fails, when it is imported.
@@ -21,9 +24,6 @@ PIP := $(BIN)/pip install --quiet --no-compile -c $(LOCK)
 PURELIB = "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 COMPILE := $(BIN)/python -m compileall -qq -j 0 $(PURELIB) || true
 STEPS ?= 40
-# Every package `make setup` installs, at the version CI tested (`make lock` writes it from a working venv). torch and
-# its platform-bound family (torchvision, triton, nvidia-*, cuda-*) are left to TORCH above: torch pins its own.
-LOCK := requirements/dev-lock.txt
 # pip extras of `make setup`; a machine that needs no ALFWorld can pass EXTRAS=dev,gguf,vision (skips a ~3 min build).
 # aarch64 goes without it: TextWorld publishes x86_64 wheels only, and its source build fetches x86_64 Inform 7 tools;
 # the ALFWorld tests skip there.

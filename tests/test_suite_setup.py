@@ -49,3 +49,18 @@ def test_the_venv_runs_the_locked_versions():
     assert not drifted, f"installed != locked: {drifted}; rerun `make setup`, or `make lock` after a deliberate upgrade"
     if platform.machine() in ("x86_64", "AMD64"):
         assert not absent
+
+
+def test_every_install_of_make_setup_reads_the_lock():
+    """Each `pip install` that `make setup` runs passes the lock as a constraint (printed by `make -n`, nothing run)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        return
+    root = TESTS.parent
+    done = subprocess.run(["make", "-n", "-B", "VENV=/nonexistent/venv", "setup"], cwd=root, capture_output=True,
+                          text=True, check=True)
+    installs = [line for line in done.stdout.splitlines() if "pip install" in line and "--upgrade pip" not in line]
+    assert len(installs) >= 5
+    assert all("-c requirements/dev-lock.txt" in line for line in installs), installs
