@@ -35,7 +35,6 @@ from typing import Any
 import torch
 
 from mmrl.algos.base import (
-    LOSS_AGGREGATIONS,
     Metrics,
     Tensor,
     aggregate,
@@ -46,7 +45,7 @@ from mmrl.algos.base import (
     policy_drift_metrics,
     register,
 )
-from mmrl.algos.grpo import GRPO
+from mmrl.algos.grpo import GRPO, check_group_normalised
 from mmrl.errors import UserError
 
 
@@ -67,14 +66,7 @@ class CISPO(GRPO):
     def validate(self) -> None:
         if self.clip_low < 0 or self.clip_high < 0:
             raise UserError(f"clip_low and clip_high must be >= 0, got {self.clip_low}, {self.clip_high}")
-        if self.kl_coef < 0:
-            raise UserError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.loss_agg not in LOSS_AGGREGATIONS:
-            raise UserError(f"loss_agg must be one of {LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
-        if self.std_eps <= 0:
-            raise UserError(f"std_eps must be > 0, got {self.std_eps}")
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise UserError(f"max_tokens must be > 0, got {self.max_tokens}")
+        check_group_normalised(self)
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     group_ids: Tensor, ref_logprobs: Tensor | None = None,

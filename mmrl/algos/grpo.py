@@ -65,6 +65,19 @@ def grpo_advantages(rewards: Tensor, group_ids: Tensor, scale_by_std: bool, eps:
     return adv.to(torch.float32)
 
 
+def check_group_normalised(algo: Any) -> None:
+    """The settings GRPO shares with the objectives built on its advantage and loss average (CISPO, SAPO, GSPO): a
+    bad value is one line naming it."""
+    if algo.kl_coef < 0:
+        raise UserError(f"kl_coef must be >= 0, got {algo.kl_coef}")
+    if algo.loss_agg not in LOSS_AGGREGATIONS:
+        raise UserError(f"loss_agg must be one of {LOSS_AGGREGATIONS}, got {algo.loss_agg!r}")
+    if algo.std_eps <= 0:
+        raise UserError(f"std_eps must be > 0, got {algo.std_eps}")
+    if algo.max_tokens is not None and algo.max_tokens <= 0:
+        raise UserError(f"max_tokens must be > 0, got {algo.max_tokens}")
+
+
 @register("grpo")
 @dataclasses.dataclass(frozen=True)
 class GRPO(Algorithm):
@@ -81,14 +94,7 @@ class GRPO(Algorithm):
             raise UserError(f"clip_low must be in [0, 1), got {self.clip_low}")
         if self.clip_high < 0:
             raise UserError(f"clip_high must be >= 0, got {self.clip_high}")
-        if self.kl_coef < 0:
-            raise UserError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.loss_agg not in LOSS_AGGREGATIONS:
-            raise UserError(f"loss_agg must be one of {LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
-        if self.std_eps <= 0:
-            raise UserError(f"std_eps must be > 0, got {self.std_eps}")
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise UserError(f"max_tokens must be > 0, got {self.max_tokens}")
+        check_group_normalised(self)
 
     def uses_reference(self) -> bool:
         return self.kl_coef > 0

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 
 from mmrl.algos.base import (
-    LOSS_AGGREGATIONS,
     Algorithm,
     Metrics,
     Tensor,
@@ -46,7 +45,7 @@ from mmrl.algos.base import (
     policy_drift_metrics,
     register,
 )
-from mmrl.algos.grpo import grpo_advantages
+from mmrl.algos.grpo import check_group_normalised, grpo_advantages
 from mmrl.errors import UserError
 
 
@@ -75,14 +74,7 @@ class SAPO(Algorithm):
     def validate(self) -> None:
         if self.tau_pos <= 0 or self.tau_neg <= 0:
             raise UserError(f"tau_pos and tau_neg must be > 0, got {self.tau_pos}, {self.tau_neg}")
-        if self.kl_coef < 0:
-            raise UserError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.loss_agg not in LOSS_AGGREGATIONS:
-            raise UserError(f"loss_agg must be one of {LOSS_AGGREGATIONS}, got {self.loss_agg!r}")
-        if self.std_eps <= 0:
-            raise UserError(f"std_eps must be > 0, got {self.std_eps}")
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise UserError(f"max_tokens must be > 0, got {self.max_tokens}")
+        check_group_normalised(self)
 
     def uses_reference(self) -> bool:
         return self.kl_coef > 0
