@@ -129,7 +129,7 @@ def _main(argv: list[str] | None) -> None:
     task = build_task(cfg)
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
-    vision = load_vision(cfg, task)  # None for a text task
+    vision = load_vision(cfg.model, task, cfg.rollout.max_prompt_tokens)  # None for a text task
     tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
     model = load_model(cfg.model.name, device=pick_device(cfg.model.device),
                        trust_remote_code=cfg.model.trust_remote_code)

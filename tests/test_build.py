@@ -149,7 +149,7 @@ def test_loading_an_embedded_policy_draws_no_weight_loading_bar(tmp_path, capfd)
     from mmrl.run.config import resolve_config
 
     capfd.readouterr()
-    load_policy(resolve_config([({"run.out_dir": str(tmp_path / "run")}, "test")]), torch.device("cpu"))
+    load_policy(resolve_config([({"run.out_dir": str(tmp_path / "run")}, "test")]).model, torch.device("cpu"))
     assert "Loading weights" not in capfd.readouterr().err
     for _ in transformers_tqdm(range(3), desc="after the load"):
         pass

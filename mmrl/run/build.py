@@ -24,7 +24,7 @@ from mmrl.models import is_embedded, load_model
 from mmrl.models.loading import load_vision_processor
 from mmrl.models.lora import LoraSettings, parse_targets
 from mmrl.rewards import RewardModelScorer, weighted
-from mmrl.run.config import TrainConfig, validate
+from mmrl.run.config import ModelConfig, RolloutConfig, TrainConfig, validate
 from mmrl.run.eval_sets import EvalSet, build_eval_sets
 from mmrl.run.prompts import check_prompts, encode_prompt, task_has_images
 from mmrl.tasks import Task, get_task
@@ -101,20 +101,21 @@ def reference_needed(algo: algos.Algorithm, cfg: TrainConfig) -> bool:
     return algo.uses_reference() or cfg.run.track_kl_to_init
 
 
-def lora_settings(cfg: TrainConfig) -> LoraSettings | None:
+def lora_settings(cfg_model: ModelConfig) -> LoraSettings | None:
     """The LoRA adapters ``model.lora_*`` ask for, or None for a full fine-tune (``model.lora_rank`` 0)."""
-    m = cfg.model
+    m = cfg_model
     return LoraSettings(m.lora_rank, m.lora_alpha, parse_targets(m.lora_targets)) if m.lora_rank else None
 
 
-def load_vision(cfg: TrainConfig, task: Task | EnvTask):
+def load_vision(cfg_model: ModelConfig, task: Task | EnvTask, max_prompt_tokens: int):
     """The `VisionProcessor` of a task with images (None for text), after start-up checks of every row's images
-    and prompt length. A text-only ``model.name`` is a one-line error (the task's default model is a vision one)."""
+    and prompt length (``rollout.max_prompt_tokens``). A text-only ``model.name`` is a one-line error (the task's
+    default model is a vision one)."""
     if not task_has_images(task):
         return None
-    vision = load_vision_processor(cfg.model.name, cfg.model.min_pixels, cfg.model.max_pixels,
-                                   cfg.model.share_image_features, cfg.model.trust_remote_code)
-    check_prompts(task, vision, cfg.rollout.max_prompt_tokens)
+    m = cfg_model
+    vision = load_vision_processor(m.name, m.min_pixels, m.max_pixels, m.share_image_features, m.trust_remote_code)
+    check_prompts(task, vision, max_prompt_tokens)
     return vision
 
 
@@ -126,11 +127,11 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_policy(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
+def load_policy(cfg_model: ModelConfig, device: torch.device) -> torch.nn.Module:
     """The policy ``model.name``: float32 master weights on ``device``, dropout off. Its tokenizer is
-    ``mmrl.models.load_tokenizer(cfg.model.name)``."""
-    model = load_model(cfg.model.name, dtype=torch.float32, device=device,
-                       trust_remote_code=cfg.model.trust_remote_code)
+    ``mmrl.models.load_tokenizer(cfg_model.name)``."""
+    model = load_model(cfg_model.name, dtype=torch.float32, device=device,
+                       trust_remote_code=cfg_model.trust_remote_code)
     disable_dropout(model)  # π_old and π_θ must be the same function at the first update
     return model
 
@@ -165,12 +166,13 @@ def encode_all_prompts(task: Task, tokenizer, limit: int, max_checked: int = 50_
     return cache
 
 
-def check_episode_budget(task: EnvTask, renderer: TurnRenderer, cfg: TrainConfig) -> None:
-    """Fail at start if the first training game's prompt leaves no room for a turn in ``max_episode_tokens``."""
+def check_episode_budget(task: EnvTask, renderer: TurnRenderer, cfg_rollout: RolloutConfig, seed: int) -> None:
+    """Fail at start if the first training game's prompt (its env reset with ``seed``, ``run.seed``) leaves no room
+    for a turn of ``rollout.max_new_tokens`` in ``rollout.max_episode_tokens``."""
     async def first_prompt() -> list[int]:
         env = task.make_env(task.train[0])
         try:
-            observation, _ = await env.reset(seed=cfg.run.seed)
+            observation, _ = await env.reset(seed=seed)
             return renderer.prompt_ids(observation)
         finally:
             await env.close()
@@ -179,7 +181,7 @@ def check_episode_budget(task: EnvTask, renderer: TurnRenderer, cfg: TrainConfig
         n = len(asyncio.run(first_prompt()))
     except EnvError as exc:
         raise UserError(f"task {task.name}: the first training game does not start: {exc}") from exc
-    r = cfg.rollout
+    r = cfg_rollout
     if n + r.max_new_tokens > r.max_episode_tokens:
         raise UserError(f"config: rollout.max_episode_tokens {r.max_episode_tokens} leaves no room for a turn after "
                          f"the first prompt ({n} tokens) and rollout.max_new_tokens {r.max_new_tokens}")

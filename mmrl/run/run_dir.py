@@ -537,7 +537,7 @@ def _check_run(cfg: TrainConfig, layout: RunLayout, record: set[str] | None) -> 
     if cfg.run.resume and latest is None:
         raise UserError(f"config: run.resume is set but {run_dir} has no checkpoint")
     if cfg.run.resume and layout.resumes_latest:
-        refuse_finished(cfg, *latest)
+        refuse_finished(cfg.run.steps, run_dir, *latest)
     if not cfg.run.resume and latest is not None and not cfg.run.overwrite:
         raise UserError(f"config: run.out_dir {run_dir} already holds a run; pass --resume to continue it, "
                          f"--run.overwrite true to start afresh, or another --run.out_dir")
@@ -561,12 +561,13 @@ def _check_run(cfg: TrainConfig, layout: RunLayout, record: set[str] | None) -> 
     return {"changes": changes, "adopted": adopted, "left": left, "step": latest[0] if latest else 0}
 
 
-def refuse_finished(cfg: TrainConfig, step: int, checkpoint: Path) -> None:
-    """A resume from ``checkpoint`` at ``step`` would train nothing: one line saying so."""
-    if step >= cfg.run.steps:
-        raise UserError(f"run.resume: the run in {cfg.out_dir} is finished (its last checkpoint, {checkpoint}, is at "
-                         f"step {step} of run.steps {cfg.run.steps}); pass --steps N with N > {step} to train it "
-                         f"further, or evaluate it with python -m mmrl.eval --model {cfg.out_dir}")
+def refuse_finished(steps: int, run_dir: Path, step: int, checkpoint: Path) -> None:
+    """A resume of the run in ``run_dir`` from ``checkpoint`` at ``step`` would train nothing when ``steps``
+    (``run.steps``) are done: one line saying so."""
+    if step >= steps:
+        raise UserError(f"run.resume: the run in {run_dir} is finished (its last checkpoint, {checkpoint}, is at "
+                         f"step {step} of run.steps {steps}); pass --steps N with N > {step} to train it "
+                         f"further, or evaluate it with python -m mmrl.eval --model {run_dir}")
 
 
 def inspect(cfg: TrainConfig, layout: RunLayout = LOCAL_RUN) -> None:

@@ -8,8 +8,9 @@
         maybe evaluate; maybe checkpoint; stop on a signal                        (run; stop.py)
 
 Multi-turn tasks (``task.multi_turn``, e.g. ALFWorld) differ only in how groups are made: a group is n episodes of one
-game played turn by turn (mmrl/trainer/episodes.py), each episode one response whose env tokens are masked out of the
-loss; the rest of the loop is the same. They may start with a supervised warm-up on expert demonstrations
+game played turn by turn (mmrl/trainer/episodes.py). In the episode layout each episode is one response whose env
+tokens are masked out of the loss; in the turn layout (``rollout.agent_layout turn``) each env step is a row of its
+own. The rest of the loop is the same. They may start with a supervised warm-up on expert demonstrations
 (mmrl/trainer/sft.py).
 
 The run's objects (task and reward, objective, model, tokenizer, vision processor) come from the backend-neutral
@@ -29,7 +30,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -53,7 +54,7 @@ from mmrl.run.build import (
     resolve_run,
 )
 from mmrl.run.checkpoint import latest_checkpoint, load_latest, save_checkpoint, set_aside, set_rng_state
-from mmrl.run.config import MoEConfig, OptimConfig, RolloutConfig, TrainConfig
+from mmrl.run.config import ModelConfig, MoEConfig, OptimConfig, RolloutConfig, RunConfig, SFTConfig, TrainConfig
 from mmrl.run.eval_sets import EvalSet
 from mmrl.run.loggers import RunLoggers
 from mmrl.run.masking import masked_config
@@ -146,7 +147,7 @@ class Trainer:
         return path
 
     def restore(self, state: dict[str, Any], path: Path) -> None:
-        if bool(state.get("lora")) != (lora_settings(self.cfg) is not None):
+        if bool(state.get("lora")) != (lora_settings(self.cfg.model) is not None):
             raise UserError(f"config: {path} was written {'with' if state.get('lora') else 'without'} LoRA "
                              f"adapters; resume with the model.lora_* settings it was written with")
         load_policy_weights(self.policy.model, state, path)
@@ -279,13 +280,16 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
 def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalSet], algo: algos.Algorithm,
                    owner: RunDir) -> Trainer:
     """The phases that run in the claimed directory ``owner``, in order."""
-    resumed = _read_resumed(cfg, owner)
+    resumed = _read_resumed(cfg.run, owner)
     _setup_seeds(cfg.run.seed, cfg.model.threads)
-    policy = _setup_policy(cfg, task)
+    device = pick_device(cfg.model.device)  # first: a device that is not there is refused before anything loads
+    prompts = _setup_prompts(cfg.model, cfg.rollout, task, cfg.run.seed)
+    policy = _setup_policy(cfg.model, cfg.moe, device, prompts)
     if not cfg.run.resume:  # a fresh run must never resume or prune into an earlier one's checkpoints
         owner.clear_previous()  # only what that run recorded; anything else stays (and is named)
     if cfg.sft.steps and not cfg.run.resume:  # before the reference copy: RL starts from (and is anchored to) SFT
-        _setup_sft_warmup(cfg, task, policy, owner)
+        _setup_sft_warmup(cfg.sft, cfg.rollout, task, policy, owner, seed=cfg.run.seed, progress=cfg.run.progress,
+                          row_by_row=cfg.optim.row_by_row)
     ref_model = _setup_reference(reference_needed(algo, cfg), policy)
     optimizer, scheduler = _setup_optimizer(cfg.optim, policy.model, cfg.run.steps)
     with contextlib.ExitStack() as on_failure:
@@ -300,7 +304,7 @@ def _build_claimed(cfg: TrainConfig, task: Task | EnvTask, eval_sets: list[EvalS
         trainer = Trainer(cfg, algo, task, policy, rollouts, learner, owner.path, owner=owner, eval_sets=eval_sets)
         log.info("task %s: %s", task.name, task.description)
         if resumed is not None:
-            _restore_resumed(cfg, trainer, resumed)
+            _restore_resumed(cfg.run, trainer, resumed)
         owner.record_config(cfg, trainer.step)
         on_failure.pop_all()  # started: from here the trainer owns the pool, and Trainer.run closes it
     return trainer
@@ -327,11 +331,11 @@ def _check_objective(cfg: TrainConfig, task: Task | EnvTask, algo: algos.Algorit
                     "get a biased gradient")
 
 
-def _read_resumed(cfg: TrainConfig, owner: RunDir) -> tuple[Path, dict[str, Any], list[Path]] | None:
+def _read_resumed(cfg_run: RunConfig, owner: RunDir) -> tuple[Path, dict[str, Any], list[Path]] | None:
     """With ``run.resume``, the newest usable checkpoint of the claimed directory as (path, state, unreadable newer
     ones); None for a fresh run. Read before any model is built: a checkpoint that cannot be used (damaged, an
     older mmrl's) fails in seconds."""
-    return load_latest(owner.path) if cfg.run.resume else None
+    return load_latest(owner.path) if cfg_run.resume else None
 
 
 def _setup_seeds(seed: int, threads: int) -> None:
@@ -344,39 +348,45 @@ def _setup_seeds(seed: int, threads: int) -> None:
     torch.manual_seed(seed)
 
 
-def _setup_policy(cfg: TrainConfig, task: Task | EnvTask) -> Policy:
-    """Device, vision processor, tokenizer and prompt checks, then the model with its MoE router options, gradient
-    checkpointing and LoRA adapters. Needs the task (its prompts are checked against ``rollout.*`` budgets before the
-    model loads)."""
-    device = pick_device(cfg.model.device)
-    vision = load_vision(cfg, task)  # None for a text task
-    tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
-    renderer, prompt_cache = _setup_prompts(cfg, task, tokenizer, vision)
-    model = load_policy(cfg, device)
-    routers = _setup_routers(cfg.moe, model, cfg.model.name)
-    model.train()  # train mode only for gradient checkpointing; dropout is off
-    if cfg.model.gradient_checkpointing:  # transformers 5.24 renamed it; older releases know only the old name
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable()
-    lora = lora_settings(cfg)
-    if lora is not None:  # only the adapters train; the frozen base is the reference (_setup_reference)
-        model = add_lora(model, lora, cfg.model.gradient_checkpointing)
-    return Policy(model, tokenizer, device, getattr(torch, cfg.model.dtype), vision, renderer, prompt_cache, routers,
-                  lora)
+class _Prompts(NamedTuple):
+    """What turns the task's samples into the policy's tokens, set up and checked before the model loads."""
+
+    tokenizer: Any
+    vision: Any  # the VisionProcessor of a task with images, else None
+    renderer: TurnRenderer | None  # multi-turn tasks: the chat-template pieces of an episode
+    cache: dict[int, list[int]]  # text tasks: every training prompt's ids
 
 
-def _setup_prompts(cfg: TrainConfig, task: Task | EnvTask, tokenizer,
-                   vision) -> tuple[TurnRenderer | None, dict[int, list[int]]]:
-    """(episode renderer, prompt cache): a multi-turn task's first game must leave room for a turn; a text task's
-    prompts are encoded now, failing on the first one longer than ``rollout.max_prompt_tokens``; image prompts are
-    encoded lazily (their lengths were checked by ``load_vision``)."""
+def _setup_prompts(cfg_model: ModelConfig, cfg_rollout: RolloutConfig, task: Task | EnvTask, seed: int) -> _Prompts:
+    """The vision processor and tokenizer of ``model.*``, and the task's prompts checked against the ``rollout.*``
+    budgets before the model loads: a multi-turn task's first game (reset with ``seed``, ``run.seed``) must leave room
+    for a turn; a text task's prompts are encoded now, failing on the first one longer than
+    ``rollout.max_prompt_tokens``; image prompts are encoded lazily (their lengths were checked by ``load_vision``)."""
+    vision = load_vision(cfg_model, task, cfg_rollout.max_prompt_tokens)  # None for a text task
+    tokenizer = load_tokenizer(cfg_model.name, cfg_model.trust_remote_code)
     if task.multi_turn:
         renderer = TurnRenderer(tokenizer, task.system_prompt)
-        check_episode_budget(task, renderer, cfg)
-        return renderer, {}
+        check_episode_budget(task, renderer, cfg_rollout, seed)
+        return _Prompts(tokenizer, vision, renderer, {})
     if vision is not None:
-        return None, {}
-    return None, encode_all_prompts(task, tokenizer, cfg.rollout.max_prompt_tokens)
+        return _Prompts(tokenizer, vision, None, {})
+    return _Prompts(tokenizer, vision, None, encode_all_prompts(task, tokenizer, cfg_rollout.max_prompt_tokens))
+
+
+def _setup_policy(cfg_model: ModelConfig, cfg_moe: MoEConfig, device: torch.device, prompts: _Prompts) -> Policy:
+    """The model of ``model.*`` on ``device`` with its MoE router options (``moe.*``), gradient checkpointing and
+    LoRA adapters, with the tokenizer, vision processor and prompt cache of :func:`_setup_prompts`."""
+    model = load_policy(cfg_model, device)
+    routers = _setup_routers(cfg_moe, model, cfg_model.name)
+    model.train()  # train mode only for gradient checkpointing; dropout is off
+    if cfg_model.gradient_checkpointing:  # transformers 5.24 renamed it; older releases know only the old name
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
+    lora = lora_settings(cfg_model)
+    if lora is not None:  # only the adapters train; the frozen base is the reference (_setup_reference)
+        model = add_lora(model, lora, cfg_model.gradient_checkpointing)
+    return Policy(model, prompts.tokenizer, device, getattr(torch, cfg_model.dtype), prompts.vision, prompts.renderer,
+                  prompts.cache, routers, lora)
 
 
 def _setup_routers(cfg_moe: MoEConfig, model: torch.nn.Module, model_name: str) -> list[tuple[str, Any]]:
@@ -397,11 +407,15 @@ def _vision_prompts(cfg_rollout: RolloutConfig, task: Task | EnvTask, vision) ->
     return None if vision is None else PromptCache(vision, task.train, "train", cfg_rollout.max_prompt_tokens)
 
 
-def _setup_sft_warmup(cfg: TrainConfig, task: EnvTask, policy: Policy, owner: RunDir) -> None:
-    """The supervised warm-up (``sft.steps``) of a fresh run's policy, in place; its losses go to ``sft.jsonl``."""
-    demos = run_demonstrations(cfg, task, policy.tokenizer)
+def _setup_sft_warmup(cfg_sft: SFTConfig, cfg_rollout: RolloutConfig, task: EnvTask, policy: Policy, owner: RunDir,
+                      *, seed: int, progress: bool, row_by_row: bool) -> None:
+    """The supervised warm-up (``sft.*``) of a fresh run's policy, in place, on demonstrations in the run's agent
+    layout and episode budget (``rollout.*``); its losses go to ``sft.jsonl``. ``seed`` is ``run.seed``,
+    ``progress`` ``run.progress``, ``row_by_row`` ``optim.row_by_row``."""
+    demos = run_demonstrations(cfg_sft, cfg_rollout, task, policy.tokenizer, seed)
     owner.record("sft.jsonl")
-    warm_up(cfg, demos, policy.tokenizer, policy.model, owner.path / "sft.jsonl", policy.autocast)
+    warm_up(cfg_sft, demos, policy.tokenizer, policy.model, owner.path / "sft.jsonl", policy.autocast, seed=seed,
+            progress=progress, row_by_row=row_by_row)
 
 
 def _setup_reference(needed: bool, policy: Policy) -> torch.nn.Module | None:
@@ -437,15 +451,15 @@ def _setup_env_pool(cfg_rollout: RolloutConfig, task: Task | EnvTask):
     return EnvPool(task.env_class, cfg_rollout.env_workers, step_timeout=cfg_rollout.env_step_timeout)
 
 
-def _restore_resumed(cfg: TrainConfig, trainer: Trainer, resumed: tuple[Path, dict[str, Any], list[Path]]) -> None:
+def _restore_resumed(cfg_run: RunConfig, trainer: Trainer, resumed: tuple[Path, dict[str, Any], list[Path]]) -> None:
     """The state of the checkpoint ``_read_resumed`` found, loaded into ``trainer``; the unreadable newer ones are
-    set aside, and a resume of a run that is already finished is one line."""
+    set aside, and a resume of a run that is already finished (at ``run.steps``) is one line."""
     existing, state, unreadable = resumed
     for path in unreadable:
         log.warning("set aside as %s", set_aside(path))
     refuse_edited_config(trainer.run_dir, state.get("config"), existing)
     trainer.restore(state, existing)
-    refuse_finished(cfg, trainer.step, existing)
+    refuse_finished(cfg_run.steps, trainer.run_dir, trainer.step, existing)
     log.info("resumed from %s at step %d", existing, trainer.step)
 
 

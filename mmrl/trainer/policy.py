@@ -1,6 +1,6 @@
-"""The policy a local run trains, as the set-up builds it (`mmrl.trainer.local._setup_policy`): the model and
-everything that turns samples into its tokens. The rollout part (`mmrl.trainer.collect`) samples from it, the learner
-part (`mmrl.trainer.learner`) updates it."""
+"""The policy a local run trains, as the set-up builds it (`mmrl.trainer.local._setup_prompts`, then
+`_setup_policy`): the model and everything that turns samples into its tokens. The rollout part
+(`mmrl.trainer.collect`) samples from it, the learner part (`mmrl.trainer.learner`) updates it."""
 
 from __future__ import annotations
 

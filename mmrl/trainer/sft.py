@@ -31,7 +31,7 @@ from tqdm import tqdm
 from mmrl.batch import Group, collate
 from mmrl.envs.episode import TurnRenderer
 from mmrl.errors import UserError
-from mmrl.run.config import TrainConfig
+from mmrl.run.config import RolloutConfig, SFTConfig
 from mmrl.tasks.base import EnvTask
 from mmrl.trainer.episodes import Episode, run_episodes
 from mmrl.trainer.rollout import ROW_BY_ROW_MIN_WIDTH, response_logprobs
@@ -116,26 +116,30 @@ def sft_warmup(model, demos: list[Group], pad_id: int, steps: int, lr: float, ba
     return losses
 
 
-def run_demonstrations(cfg: TrainConfig, task: EnvTask, tokenizer) -> list[Group]:
-    """The demonstrations a run's warm-up trains on (``sft.demos`` training games, ``sft.demos_per_row`` each), in
-    its agent layout and episode budget."""
-    s = cfg.sft
+def run_demonstrations(cfg_sft: SFTConfig, cfg_rollout: RolloutConfig, task: EnvTask, tokenizer,
+                       seed: int) -> list[Group]:
+    """The demonstrations a run's warm-up trains on (``sft.demos`` training games, ``sft.demos_per_row`` each, players
+    seeded from ``seed``, ``run.seed``), in its agent layout and episode budget (``rollout.agent_layout``,
+    ``rollout.max_episode_tokens``)."""
+    s = cfg_sft
     rows = task.train[: s.demos] if s.demos else task.train
     t0 = time.perf_counter()
-    demos = render_demonstrations(task, tokenizer, rows, cfg.rollout.max_episode_tokens, seed=cfg.run.seed,
-                                  per_row=s.demos_per_row, layout=cfg.rollout.agent_layout)
+    demos = render_demonstrations(task, tokenizer, rows, cfg_rollout.max_episode_tokens, seed=seed,
+                                  per_row=s.demos_per_row, layout=cfg_rollout.agent_layout)
     log.info("sft warm-up: %d demonstrations rendered in %.1f s; %d steps", len(demos), time.perf_counter() - t0,
              s.steps)
     return demos
 
 
-def warm_up(cfg: TrainConfig, demos: list[Group], tokenizer, model, log_path: Path, autocast) -> list[float]:
+def warm_up(cfg_sft: SFTConfig, demos: list[Group], tokenizer, model, log_path: Path, autocast, *, seed: int,
+            progress: bool, row_by_row: bool) -> list[float]:
     """A run's SFT warm-up (``sft.*``) of ``model`` on ``demos`` (:func:`run_demonstrations`); returns the loss per
     step, each also written to ``log_path`` (the run's ``sft.jsonl``) as it is made. ``autocast``: a factory of the
-    run's mixed-precision context."""
-    s = cfg.sft
+    run's mixed-precision context; ``seed`` (``run.seed``) draws the batches, ``progress`` (``run.progress``) shows a
+    bar, ``row_by_row`` (``optim.row_by_row``) scores wide batches one row at a time as the RL update does."""
+    s = cfg_sft
     # a warm-up runs for minutes before the first RL step: the same progress bar as the RL loop shows it moving
-    bar = tqdm(total=s.steps, disable=not cfg.run.progress, desc="sft warm-up", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=s.steps, disable=not progress, desc="sft warm-up", unit="step", dynamic_ncols=True)
     with log_path.open("w") as out, bar:
         def write(step: int, loss: float) -> None:
             out.write(json.dumps({"sft_step": step, "loss": loss}) + "\n")
@@ -143,6 +147,6 @@ def warm_up(cfg: TrainConfig, demos: list[Group], tokenizer, model, log_path: Pa
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
-        return sft_warmup(model, demos, tokenizer.pad_token_id, s.steps, s.lr, s.batch_size, seed=cfg.run.seed,
+        return sft_warmup(model, demos, tokenizer.pad_token_id, s.steps, s.lr, s.batch_size, seed=seed,
                           autocast=autocast, on_step=write,
-                          row_by_row_min_width=ROW_BY_ROW_MIN_WIDTH if cfg.optim.row_by_row else 0)
+                          row_by_row_min_width=ROW_BY_ROW_MIN_WIDTH if row_by_row else 0)
