@@ -179,6 +179,10 @@ def build_flags(cfg: TrainConfig, inputs: LaunchInputs, kl_coef: float, out_dir:
         "actor.min_lr_ratio": o.min_lr_ratio,
         # objective: advantages and loss are mmrl's (the estimator only avoids a critic)
         "algo.advantage.estimator": "group_norm",
+        # vLLM returns each sampled token's log-prob (after temperature and top-p/top-k): the sampler-trainer gap is
+        # measured every step and mmrl's rollout correction reads it (OpenRLHF's own correction lives in the loss
+        # mmrl replaces)
+        "algo.advantage.is_correction_level": "token",
         "algo.kl.init_coef": kl_coef,
         # MoE: the load-balancing loss of the model's own router, 0 by default as in the local trainer
         "actor.aux_loss_coef": cfg.moe.aux_loss_coef,
