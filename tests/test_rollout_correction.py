@@ -14,10 +14,12 @@ from openrlhf_stubs import openrlhf_importable
 
 import mmrl.algos as algos
 from mmrl.algos.rollout_correction import METHODS, RolloutCorrection, weighted_gradient
+from mmrl.batch import Group, Response, collate
 from mmrl.errors import UserError
 from mmrl.models import load_model, load_tokenizer
 from mmrl.run.prompts import encode_prompt
 from mmrl.train import parse_config
+from mmrl.trainer.collect import ReplayHistory
 from mmrl.trainer.local import build_trainer
 from mmrl.trainer.logprobs import token_logprobs
 from mmrl.trainer.rollout import batch_logprobs
@@ -179,6 +181,21 @@ def test_tis_is_openrlhfs_token_clip_with_no_lower_bound_and_differs_where_it_ha
 
 
 # --------------------------------------------------------------------------- the local backend
+
+def test_replayed_responses_reach_the_batch_without_sampler_logprobs():
+    """GVPO's replayed responses were sampled by an older policy: the history keeps them without their sampler's
+    log-probs, and the batch holds NaN (unknown: weight 1, out of the metrics) on their rows."""
+    history = ReplayHistory(2)
+    fresh = [Response([5, 6], logprobs=[-0.1, -0.2]), Response([7], logprobs=[-0.3])]
+    history.add(0, fresh)
+    replayed = history.take(0, 2)
+    assert all(r.historical and r.logprobs is None for r in replayed) and fresh[0].logprobs == [-0.1, -0.2]
+    batch = collate([Group(0, {}, [1, 2], [Response([8, 9], logprobs=[-0.5, -0.6]), *replayed])], pad_id=0)
+    assert torch.equal(batch.rollout_logprobs[0], torch.tensor([-0.5, -0.6]))
+    assert torch.isnan(batch.rollout_logprobs[1:]).all()
+    with pytest.raises(ValueError, match="response 0 has 1 sampler log-probs for 2 tokens"):
+        collate([Group(0, {}, [1], [Response([8, 9], logprobs=[-0.5])])], pad_id=0)
+
 
 def test_local_gap_is_in_metrics_and_near_zero_when_the_sampler_is_the_trainer(tmp_path, embedded_model_dir,
                                                                                 small_config):
