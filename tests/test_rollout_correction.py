@@ -4,6 +4,7 @@ the sampler-trainer gap in metrics.jsonl on both backends."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -25,10 +26,12 @@ from mmrl.trainer.logprobs import token_logprobs
 from mmrl.trainer.rollout import batch_logprobs
 
 with openrlhf_importable():
+    import openrlhf.trainer.ray as openrlhf_ray
     from openrlhf.models.loss import PolicyLoss
     from openrlhf.trainer.ppo_utils.experience import Experience
+    from openrlhf.trainer.ray import create_vllm_engines
 
-    from mmrl.openrlhf import rollout, vllm_stand_in
+    from mmrl.openrlhf import driver, rollout, vllm_stand_in
     from mmrl.openrlhf.experience import MmrlExperienceMaker
     from mmrl.openrlhf.launch import resolve_launch
     from mmrl.openrlhf.loss import MicroBatch, MmrlPolicyLoss
@@ -255,7 +258,7 @@ def test_the_rehearsal_engine_returns_the_sampled_tokens_logprobs_as_vllm():
     assert torch.allclose(torch.tensor([sampled]), mine, atol=1e-4)
 
 
-def test_openrlhf_step_logs_the_gap_between_vllm_and_pi_old(tmp_path):
+def test_openrlhf_step_logs_the_gap_between_vllm_and_pi_old(tmp_path, monkeypatch):
     """The launch asks vLLM for log-probs; the experience maker measures them against π_old over the step, and the
     step's line of metrics.jsonl carries it (as MmrlPPOTrainer's rollout statistics)."""
     cfg = parse_config(["--backend", "openrlhf", "--out", str(tmp_path / "run"), "--cluster.nodes", "1",
@@ -264,6 +267,11 @@ def test_openrlhf_step_logs_the_gap_between_vllm_and_pi_old(tmp_path):
                         "--algo.rollout_correction", "tis"])
     args = resolve_launch(cfg, write=True).args
     assert args.algo.advantage.is_correction_level == "token"  # OpenRLHF then asks vLLM for logprobs=1
+    called = []  # vLLM engines are built with log-probs of the tempered, truncated distribution the tokens came from
+    monkeypatch.setattr(openrlhf_ray, "create_vllm_engines", lambda *a, **k: called.append(
+        inspect.signature(create_vllm_engines).bind(*a, **k).arguments))
+    driver.create_engines(args, None)
+    assert called[0]["logprobs_mode"] == "processed_logprobs"
     assert args.mmrl.rollout_correction["method"] == "tis"
     maker = MmrlExperienceMaker(None, None, None, None, None, type("S", (), {"args": args})(),
                                 type("T", (), {"pad_token_id": 0})(), mmrl_spec=args.mmrl)
