@@ -10,14 +10,14 @@ slightly off-policy for the trainer. Per trained token t of response i (no gradi
 Each method turns ρ into a weight w_it of the token's loss:
 
 * ``tis``, truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy
-  RL Training", https://fengyao.notion.site/off-policy-rl, Eq. for PPO)::
+  RL Training", https://fengyao.notion.site/off-policy-rl, its TIS-corrected PPO gradient)::
 
-      w_it = min(ρ_it, C)                                                      (C = ``cap``, 2 in verl)
+      w_it = min(ρ_it, C)                                                      (C = ``cap``, default 2)
 
 * ``icepop`` (Ling Team 2025, "Every Step Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking Model",
-  arXiv 2510.18855, §IcePop: masked importance sampling)::
+  arXiv 2510.18855, the IcePop objective's masking function M(k) = k on [α, β], 0 outside)::
 
-      w_it = ρ_it  if α <= ρ_it <= β  else 0                                   (α, β = ``low``, ``high``: 0.5, 5)
+      w_it = ρ_it  if α <= ρ_it <= β  else 0                          (α, β = ``low``, ``high``: default 0.5, 5)
 
 * ``seq_mask`` (OpenRLHF 0.11's ``is_correction_level seq``, verl's sequence-level rejection): a response is dropped
   when the geometric mean of its tokens' ratios leaves the band, the kept ones keep their tokens' ratios::
