@@ -17,6 +17,7 @@ from openrlhf_stubs import openrlhf_importable
 
 import mmrl.algos as algos
 from mmrl.algos.base import advantage_spread, kl_k3
+from mmrl.algos.rollout_correction import RolloutCorrection
 from mmrl.openrlhf.grouping import groups_are_whole, whole_group_micro_batches
 from mmrl.openrlhf.launch import resolve_launch
 from mmrl.train import parse_config
@@ -253,12 +254,13 @@ def test_whole_group_micro_batches_cover_every_sample_once():
 
 
 def test_adopt_gives_openrlhfs_trainer_mmrls_loss(tmp_path):
-    args = launch_args(tmp_path, "gmpo")
+    args = launch_args(tmp_path, "gmpo", "--algo.rollout_correction", "seq_mask", "--algo.rollout_mask_high", "3")
     trainer = object.__new__(ActorPPOTrainer)  # as PolicyModelActor built it (its __init__ needs CUDA and vLLM)
     trainer.args = args
     adopt(trainer, args.mmrl)
     assert type(trainer) is MmrlActorPPOTrainer and isinstance(trainer.actor_loss_fn, MmrlPolicyLoss)
     assert trainer.actor_loss_fn.algo == algos.get("gmpo")
+    assert trainer.actor_loss_fn.correction == RolloutCorrection("seq_mask", high=3.0)  # algo.rollout_correction
     with pytest.raises(TypeError):
         adopt(trainer, args.mmrl)  # only OpenRLHF's own class is adopted
 

@@ -106,6 +106,8 @@ def plain_update(trainer, batch, stats) -> dict[str, float]:
                                 row_by_row_min_width=trainer.learner.row_by_row_min_width)
     kl = kl_k3(now.float(), batch.old_logprobs.float())[batch.response_mask > 0]
     out.update(kl_step=float(kl.mean()), kl_step_max=float(kl.max()))
+    # the sampler-trainer gap of the batch (off by default: no weight reaches the loss above)
+    out.update(cfg.algo.correction().metrics(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask))
     return out
 
 

@@ -34,6 +34,7 @@ from openrlhf.trainer.ppo_utils.experience import make_experience_batch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 import mmrl.algos as algos
+from mmrl.algos.rollout_correction import RolloutCorrection
 from mmrl.openrlhf.grouping import (
     GROUP_KEY,
     ROW_STATS_PREFIX,
@@ -89,7 +90,7 @@ class MmrlActorPPOTrainer(ActorPPOTrainer):
 
     def setup_mmrl(self, spec: ActorSpec) -> None:
         self.algo = algos.get(spec.algo, **spec.params)
-        self.actor_loss_fn = MmrlPolicyLoss(self.algo)
+        self.actor_loss_fn = MmrlPolicyLoss(self.algo, RolloutCorrection(**spec.rollout_correction))
         self.mmrl_epoch_seed = int(self.args.train.seed)
         self.mmrl_target_kl = spec.target_kl
 

@@ -7,6 +7,9 @@ responses (``--rollout.batch_size`` × ``--rollout.n_samples_per_prompt``), then
 Choices, written down:
 * ``--algo.advantage.estimator group_norm`` only keeps OpenRLHF from building a critic; mmrl's experience maker
   replaces OpenRLHF's advantage computation with ``Algorithm.advantages`` (docs/openrlhf.md).
+* ``--algo.advantage.is_correction_level token`` only makes OpenRLHF ask vLLM for each sampled token's (processed)
+  log-prob; OpenRLHF's correction lives in the loss mmrl replaces, and mmrl's (``algo.rollout_correction``) reads
+  those log-probs as ``rollout_log_probs``.
 * A reference model is built only when the objective reads ``ref_logprobs`` (GRPO-family ``kl_coef > 0``):
   ``--algo.kl.init_coef kl_coef --algo.kl.use_loss`` keeps its log-probs in the replay buffer, and mmrl's actor trains
   with OpenRLHF's own KL term switched off (``kl_ctl = 0``), since the objective adds its own k3 KL.
@@ -179,6 +182,10 @@ def build_flags(cfg: TrainConfig, inputs: LaunchInputs, kl_coef: float, out_dir:
         "actor.min_lr_ratio": o.min_lr_ratio,
         # objective: advantages and loss are mmrl's (the estimator only avoids a critic)
         "algo.advantage.estimator": "group_norm",
+        # vLLM returns each sampled token's log-prob (after temperature and top-p/top-k): the sampler-trainer gap is
+        # measured every step and mmrl's rollout correction reads it (OpenRLHF's own correction lives in the loss
+        # mmrl replaces)
+        "algo.advantage.is_correction_level": "token",
         "algo.kl.init_coef": kl_coef,
         # MoE: the load-balancing loss of the model's own router, 0 by default as in the local trainer
         "actor.aux_loss_coef": cfg.moe.aux_loss_coef,

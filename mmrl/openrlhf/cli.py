@@ -82,9 +82,9 @@ def parse_openrlhf_args(argv: list[str]) -> tuple[SimpleNamespace, list[str]]:
 
 def check_supported(args) -> None:
     """OpenRLHF options mmrl's actor does not implement (it has its own loss and loop): refused at start."""
-    if args.algo.advantage.is_correction_level != "off":
-        raise UserError("--algo.advantage.is_correction_level: vLLM/DeepSpeed importance-sampling correction is not "
-                         "applied by mmrl's objectives (they use the π_old recomputed by the policy actor)")
+    if args.algo.advantage.is_correction_level != "token":
+        raise UserError("--algo.advantage.is_correction_level: mmrl sets it to token so that vLLM returns its sampled "
+                         "tokens' log-probs; the importance-sampling correction is mmrl's (--algo.rollout_correction)")
     if args.train.dynamic_batch_enable or args.ds.ring_attn_size > 1 or args.ds.tensor_parallel_size > 1:
         raise UserError("--train.dynamic_batch_enable / --ds.ring_attn_size / --ds.tensor_parallel_size change how "
                          "OpenRLHF forms micro-batches; mmrl's actor forms whole-group micro-batches: turn them off")

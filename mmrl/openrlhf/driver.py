@@ -103,6 +103,12 @@ def policy_layout(args, actor_class=MmrlPolicyModelRayActor,
     return pg, actors, reference
 
 
+def logprobs_mode(args) -> str | None:
+    """vLLM's log-probs of the sampled tokens after temperature and top-p/top-k, the distribution they were drawn
+    from (the rollout correction's π_sampler), whenever OpenRLHF asks for them, as its own ``train_ppo_ray`` does."""
+    return "processed_logprobs" if args.algo.advantage.is_correction_level != "off" else None
+
+
 def create_engines(args, pg):
     from openrlhf.trainer.ray import create_vllm_engines
 
@@ -110,7 +116,7 @@ def create_engines(args, pg):
     return create_vllm_engines(
         args.vllm.num_engines, args.vllm.tensor_parallel_size, args.actor.model_name_or_path, args.train.seed,
         args.train.full_determinism_enable, args.vllm.enable_prefix_caching, args.vllm.enforce_eager,
-        args.data.max_len, shared, args.vllm.gpu_memory_utilization, args.vllm.enable_sleep, None,
+        args.data.max_len, shared, args.vllm.gpu_memory_utilization, args.vllm.enable_sleep, logprobs_mode(args),
         agent_func_path=args.train.agent_func_path, remote_rm_url=args.reward.remote_url,
         max_images_per_prompt=args.data.max_images_per_prompt)
 

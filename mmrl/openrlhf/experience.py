@@ -6,7 +6,8 @@ and hands experiences to the policy actors. That is the one place where the whol
 so mmrl computes there, exactly as the local trainer does on the same batch:
 
 * ``Algorithm.advantages(rewards, group_ids)`` over the whole step (GPG's batch-level α, GRPO's group statistics);
-* ``Algorithm.batch_stats(...)`` over the whole step (GPG's α and valid fraction, CW-GRPO's covariance moments).
+* ``Algorithm.batch_stats(...)`` over the whole step (GPG's α and valid fraction, CW-GRPO's covariance moments);
+* the gap between vLLM's log-probs of the sampled tokens and π_old (``rollout/*``, `RolloutCorrection.metrics`).
 
 Communication: none beyond OpenRLHF's own traffic (rewards and π_old log-probs already come to this actor). The
 results travel inside the experiences OpenRLHF ships to the policy actors: the advantage in OpenRLHF's per-token
@@ -36,6 +37,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 import mmrl.algos as algos
 from mmrl.algos.base import advantage_spread
+from mmrl.algos.rollout_correction import RolloutCorrection
 from mmrl.batch import TurnStep
 from mmrl.openrlhf.grouping import GROUP_KEY, ROW_STATS_PREFIX, STATS_PREFIX, STEP_KEY, rank_shares, rollout_group_ids
 from mmrl.openrlhf.spec import ActorSpec
@@ -63,6 +65,16 @@ def whole_batch_advantages(algo: algos.Algorithm, experiences: list, steps: algo
     return algo.advantages_and_stats(rewards, group_ids, old_logprobs, mask, steps)
 
 
+def rollout_gap(correction: RolloutCorrection, experiences: list) -> dict[str, float]:
+    """The step's gap between vLLM's log-probs of the sampled tokens and the policy actors' π_old of them, over the
+    whole step (`RolloutCorrection.metrics`); empty when vLLM returned none."""
+    if any(e.rollout_log_probs is None for e in experiences):
+        return {}
+    return correction.metrics(padded_cat([e.action_log_probs.float() for e in experiences]),
+                              padded_cat([e.rollout_log_probs.float() for e in experiences]),
+                              padded_cat([e.action_mask.float() for e in experiences]))
+
+
 class MmrlExperienceMaker(RemoteExperienceMaker):
     """Group ids on the rollout samples, then mmrl's advantages and statistics instead of OpenRLHF's estimators."""
 
@@ -74,6 +86,8 @@ class MmrlExperienceMaker(RemoteExperienceMaker):
         self.group_size = mmrl_spec.samples_per_prompt
         self.turn_steps: algos.TurnSteps | None = None  # the turn layout: the current step's row facts
         self.spread: dict[str, float] = {}  # the last step's advantage spread (mmrl.algos.base.advantage_spread)
+        self.correction = RolloutCorrection(**mmrl_spec.rollout_correction)
+        self.rollout_gap: dict[str, float] = {}  # the last step's sampler-trainer gap (RolloutCorrection.metrics)
 
     def split_rollout_samples(self, rollout_samples):
         steps = [s.info.pop(STEP_KEY)[0] for s in rollout_samples if STEP_KEY in s.info]
@@ -105,6 +119,7 @@ class MmrlExperienceMaker(RemoteExperienceMaker):
         advantages, stats = whole_batch_advantages(self.algo, experiences, self.turn_steps)
         group_ids = torch.cat([e.info[GROUP_KEY].reshape(-1) for e in experiences]).long()
         self.spread = advantage_spread(advantages, group_ids)
+        self.rollout_gap = rollout_gap(self.correction, experiences)
         numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
         rows = {k: v.reshape(-1).to(torch.float64) for k, v in stats.items() if isinstance(v, torch.Tensor)}
         at = 0

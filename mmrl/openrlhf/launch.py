@@ -123,7 +123,8 @@ def algorithm_spec(cfg: TrainConfig, algo: algos.Algorithm) -> dict[str, Any]:
     return {"algo": algo.name, "params": dataclasses.asdict(algo), "samples_per_prompt": cfg.rollout.samples_per_prompt,
             "uses_reference": algo.uses_reference(), "kl_coef": algo.reference_kl_coef(),
             "entropy_coef": algo.entropy_coef,
-            "freeze_router": cfg.moe.freeze_router}
+            "freeze_router": cfg.moe.freeze_router,
+            "rollout_correction": dataclasses.asdict(cfg.algo.correction())}
 
 
 def run_spec(cfg: TrainConfig, out: Path) -> dict[str, Any]:
@@ -277,6 +278,11 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     if cfg.cluster.rehearsal:
         flags = merge_extra(flags, REHEARSAL_FLAGS)
     extra, dropped = unmasked_extra(cfg.cluster.extra)
+    for flag in extra:
+        if flag.startswith("algo.advantage.is_correction"):
+            raise UserError(f"cluster.extra[{flag!r}]: OpenRLHF's importance-sampling correction is replaced by "
+                            f"mmrl's, which works with every objective: --algo.rollout_correction tis, icepop or "
+                            f"seq_mask (docs/objectives.md)")
     flags = merge_extra(flags, extra)
     checks += secret_warnings(extra) + dropped
     argv = to_argv(flags)

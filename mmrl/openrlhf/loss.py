@@ -7,7 +7,9 @@ or whole-batch statistics, so mmrl's actor binds them per micro-batch (:class:`M
 refuses to run without one. ``advantages`` arrive per token (OpenRLHF's layout); mmrl's objectives take one per
 response, which is the advantage on any trained token (they are constant over a response). A non-finite objective
 value is replaced by a zero loss (no gradient from that micro-batch) and counted in ``nonfinite_loss``: DeepSpeed in
-bf16 has no overflow check that would skip the step.
+bf16 has no overflow check that would skip the step. With ``algo.rollout_correction`` the objective reads the
+log-probs with each token's gradient weighted by its trainer/vLLM ratio (`mmrl.algos.rollout_correction`), from the
+``rollout_log_probs`` OpenRLHF passes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from openrlhf.models.loss import PolicyLoss
 
 from mmrl.algos import Algorithm
 from mmrl.algos.base import Metrics, kl_to_old, masked_mean
+from mmrl.algos.rollout_correction import RolloutCorrection
 
 
 @dataclasses.dataclass
@@ -41,9 +44,10 @@ def sequence_advantages(token_advantages: torch.Tensor, mask: torch.Tensor) -> t
 class MmrlPolicyLoss(PolicyLoss):
     """An mmrl objective as an OpenRLHF policy loss (same call, same 5-tuple)."""
 
-    def __init__(self, algo: Algorithm) -> None:
+    def __init__(self, algo: Algorithm, correction: RolloutCorrection | None = None) -> None:
         super().__init__()
         self.algo = algo
+        self.correction = correction or RolloutCorrection()  # algo.rollout_correction: none unless asked for
         self.micro: MicroBatch | None = None
         self.last_loss: torch.Tensor | None = None  # unscaled objective value of the last call (for logging)
         self.last_metrics: Metrics = {}
@@ -61,8 +65,10 @@ class MmrlPolicyLoss(PolicyLoss):
         if micro is None:
             raise RuntimeError("MmrlPolicyLoss needs bind(MicroBatch) before each call (mmrl's actor does it)")
         mask = (action_mask if action_mask is not None else torch.ones_like(log_probs)).to(log_probs.dtype)
+        # the rollout correction on vLLM's log-probs of the same tokens (OpenRLHF's rollout_log_probs)
+        corrected = self.correction.apply(log_probs, old_log_probs, rollout_log_probs, mask)
         loss, metrics = self.algo.policy_loss(
-            logprobs=log_probs, old_logprobs=old_log_probs, advantages=sequence_advantages(advantages, mask),
+            logprobs=corrected, old_logprobs=old_log_probs, advantages=sequence_advantages(advantages, mask),
             mask=mask, group_ids=micro.group_ids.to(log_probs.device), ref_logprobs=micro.ref_logprobs,
             stats=micro.stats)
         finite = bool(torch.isfinite(loss))

@@ -28,6 +28,7 @@ store stops it at start with one line (:func:`read_store`, also run by the launc
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,11 @@ def prompt_key(sample) -> tuple[str, str]:
 
 def replayed_copy(stored):
     """A stored sample as a new rollout sample: the same tokens, masks and reward, no log-probs (its π_old is
-    computed again in this step) and its own ``info`` (the step writes its group id there)."""
-    return dataclasses.replace(stored, action_log_probs=None, **dict.fromkeys(STEP_ONLY), info=dict(stored.info))
+    computed again in this step; its sampler's, an older policy's, are NaN: unknown to the rollout correction, which
+    compares a step's trainer with that step's sampler) and its own ``info`` (the step writes its group id there)."""
+    sampled = stored.rollout_log_probs
+    return dataclasses.replace(stored, action_log_probs=None, **dict.fromkeys(STEP_ONLY), info=dict(stored.info),
+                               rollout_log_probs=None if sampled is None else torch.full_like(sampled, math.nan))
 
 
 def stored_fields(sample) -> dict[str, Any]:

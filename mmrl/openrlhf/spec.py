@@ -37,6 +37,8 @@ class ActorSpec:
     trust_remote_code: bool  # model.trust_remote_code, for the rehearsal's rollout actors
     replay_historical: int  # GVPO's replayed responses per group (rollout.replay_historical)
     target_kl: float  # optim.target_kl: a step's updates end once their measured KL to π_old leaves it (0: off)
+    # algo.rollout_correction and its thresholds, as the fields of mmrl.algos.rollout_correction.RolloutCorrection
+    rollout_correction: dict[str, Any]
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

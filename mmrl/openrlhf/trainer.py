@@ -61,9 +61,11 @@ class MmrlPPOTrainer(PPOTrainer.__ray_actor_class__):
 
     def _compute_rollout_stats(self, experiences):
         """OpenRLHF's rollout statistics, the spread of the step's advantages within groups (``mmrl/adv_group_std``,
-        ``mmrl/adv_zero_spread``), and the replay's of this step (``replay/*``) when GVPO replays."""
+        ``mmrl/adv_zero_spread``), the sampler-trainer log-prob gap (``rollout/logprob_gap_mean`` ...), and the
+        replay's of this step (``replay/*``) when GVPO replays."""
         stats = {**super()._compute_rollout_stats(experiences),
-                 **{f"mmrl/{k}": v for k, v in self.experience_maker.spread.items()}}
+                 **{f"mmrl/{k}": v for k, v in self.experience_maker.spread.items()},
+                 **self.experience_maker.rollout_gap}
         replay = self.experience_maker.replay
         return {**stats, **replay.metrics} if replay is not None else stats
 

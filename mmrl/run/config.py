@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 
 import mmrl.algos as algos
+from mmrl.algos.rollout_correction import METHODS as ROLLOUT_CORRECTIONS
+from mmrl.algos.rollout_correction import RolloutCorrection
 from mmrl.cache import EMBEDDED_NAME, cache_root
 from mmrl.errors import UserError
 from mmrl.paths import RULE as PATH_RULE
@@ -120,6 +122,23 @@ class AlgoConfig:
     name: str = setting("grpo", "the objective (the list is at the end of --help)")
     params: dict[str, Any] = setting(help="the objective's hyper-parameters, as --algo.KEY VALUE (at the end of "
                                      "--help)", factory=dict)
+    rollout_correction: str = setting(
+        "none", "importance-sampling correction of the gap between the sampler's and the trainer's log-probs of the "
+        "sampled tokens (ratio ρ = π_train/π_sampler), for every objective: tis: weight min(ρ, rollout_is_cap) "
+        "(truncated IS); icepop: weight ρ, 0 outside [rollout_mask_low, rollout_mask_high]; seq_mask: a response "
+        "whose geometric-mean ρ leaves that band weighs 0, the others ρ (docs/objectives.md)",
+        one_of(ROLLOUT_CORRECTIONS))
+    rollout_is_cap: float = setting(2.0, "tis: the cap C of the truncated importance weight min(ρ, C)", above(0))
+    rollout_mask_low: float = setting(0.5, "icepop and seq_mask: tokens (responses) with a ratio below this weigh 0",
+                                      at_least(0))
+    rollout_mask_high: float = setting(5.0, "icepop and seq_mask: tokens (responses) with a ratio above this weigh 0",
+                                       Range("must be > algo.rollout_mask_low",
+                                             lambda v, cfg: v > cfg.algo.rollout_mask_low))
+
+    def correction(self) -> RolloutCorrection:
+        """The rollout correction these fields ask for (mmrl.algos.rollout_correction)."""
+        return RolloutCorrection(self.rollout_correction, self.rollout_is_cap, self.rollout_mask_low,
+                                 self.rollout_mask_high)
 
 
 @dataclasses.dataclass

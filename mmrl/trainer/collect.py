@@ -64,6 +64,11 @@ class ReplayHistory(ReplayStore[Response]):
     def take(self, sample_index: int, k: int) -> list[Response]:
         return [dataclasses.replace(r, historical=True) for r in super().take(sample_index, k)]
 
+    def add(self, key: int, responses) -> None:
+        """Kept without their sampler's log-probs: the rollout correction compares a step's trainer with that step's
+        own sampler, and a replayed response's sampler is an older policy (GVPO weighs it by its own rule)."""
+        super().add(key, [dataclasses.replace(r, logprobs=None) for r in responses])
+
     def state_dict(self) -> dict[int, list[dict[str, Any]]]:
         """Each prompt's responses as plain fields (a checkpoint stores JSON values, not objects)."""
         return {k: [dataclasses.asdict(r) for r in v] for k, v in self.by_prompt.items()}
@@ -118,7 +123,7 @@ class Rollouts:
         with self.policy.autocast():
             fresh = generate(self.policy.model, self.policy.tokenizer, prompts, r.max_new_tokens, r.temperature,
                              r.top_p, r.generation_batch_size, vision=images, sampler=r.sampler, top_k=r.top_k,
-                             repetition_penalty=r.repetition_penalty)
+                             repetition_penalty=r.repetition_penalty, return_logprobs=True)
         at = 0
         for g, n in todo:
             g.responses = fresh[at : at + n] + g.responses
@@ -159,7 +164,8 @@ class Rollouts:
             plan.append((index, old, episodes))
         # a turn-layout context is re-prompted every turn, so there is no growing sequence to keep a KV cache of
         policy = model_policy(self.policy.model, self.policy.tokenizer, r.max_new_tokens, r.temperature, r.top_p,
-                              r.generation_batch_size, kv_cache=r.episode_kv_cache and not self.turn_layout)
+                              r.generation_batch_size, with_logprobs=True,
+                              kv_cache=r.episode_kv_cache and not self.turn_layout)
         with self.policy.autocast():
             run_episodes([ep for _, _, eps in plan for ep in eps], self.policy.renderer, policy, r.max_episode_tokens)
         groups = []

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -116,7 +117,7 @@ class Episode(EpisodeRecord):
     def response(self) -> Response:
         return Response(list(self.token_ids), "\n".join(self.actions), reward=self.reward(),
                         truncated=self.outcome == "truncated", loss_mask=list(self.loss_mask),
-                        episode=self.summary())
+                        episode=self.summary(), logprobs=_sampled(self.sampler_logprobs))
 
     def turn_responses(self, episode_id: int) -> list[Response]:
         """The turn layout's training samples: one per turn, each with its own prompt and the episode's return as its
@@ -124,8 +125,16 @@ class Episode(EpisodeRecord):
         reward, summary, last = self.reward(), self.summary(), len(self.turns) - 1
         return [Response(list(t.token_ids), text, reward=reward, truncated=i == last and self.outcome == "truncated",
                          episode=summary if i == 0 else None, prompt_ids=list(t.prompt_ids),
-                         step=TurnStep(episode_id, i, t.reward, t.anchor, t.penalty))
+                         step=TurnStep(episode_id, i, t.reward, t.anchor, t.penalty),
+                         logprobs=None if t.logprobs is None else list(t.logprobs))
                 for i, (t, text) in enumerate(zip(self.turns, self.actions, strict=True))]
+
+
+def _sampled(logprobs: list[float | None]) -> list[float] | None:
+    """An episode's sampler log-probs as a response carries them: NaN on env tokens; None when none was recorded."""
+    if all(x is None for x in logprobs):
+        return None
+    return [math.nan if x is None else x for x in logprobs]
 
 
 Policy = Callable[[list[Episode]], list[Turn]]

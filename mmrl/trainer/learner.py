@@ -176,6 +176,8 @@ class Learner:
         if o.target_kl:
             out["kl_early_stop"] = float(stopped)
         out["kl_step"], out["kl_step_max"] = self.measure_kl(batch, old, torch.arange(batch.size))
+        # the sampler-trainer gap of the step's tokens, and what the rollout correction made of it
+        out.update(self.cfg.algo.correction().metrics(old, batch.rollout_logprobs, batch.response_mask))
         return out
 
     def measure_kl(self, batch: RolloutBatch, old: torch.Tensor, rows: torch.Tensor) -> tuple[float, float]:
@@ -232,8 +234,10 @@ class Learner:
         old = logprobs.detach() if sub.old_logprobs is None else sub.old_logprobs
         if sub.old_logprobs is None and old_out is not None:
             old_out[rows] = old.float().cpu()
+        # rollout correction (algo.rollout_correction): each token's gradient weighted by its sampler-trainer ratio
+        corrected = self.cfg.algo.correction().apply(logprobs, old, sub.rollout_logprobs, sub.response_mask)
         loss, metrics = self.algo.policy_loss(
-            logprobs=logprobs, old_logprobs=old, advantages=sub.advantages, mask=sub.response_mask,
+            logprobs=corrected, old_logprobs=old, advantages=sub.advantages, mask=sub.response_mask,
             group_ids=sub.group_ids, ref_logprobs=sub.ref_logprobs, stats=stats_for_rows(stats, rows))
         metrics = {**metrics, **router_metrics}
         if self.algo.entropy_coef > 0:  # every objective: -coef × entropy, averaged as its loss
