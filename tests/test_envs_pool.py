@@ -172,8 +172,10 @@ def test_the_trainers_default_env_pool_resets_side_by_side(tmp_path, small_confi
             busy = [[b > a for a, b in zip(before, after, strict=True)]
                     for before, after in zip(samples, samples[1:], strict=False)]
             side_by_side = sum(all(workers) for workers in busy)
-            assert side_by_side >= 0.15 * sum(any(workers) for workers in busy), busy
-            assert max(gaps) < max(0.25 * wall, 0.5), (max(gaps), wall)  # the loop kept running meanwhile
+            # one after another, no interval would have every worker busy; 5 %: a loaded machine's scheduler may run
+            # each worker only part of an interval, and a tick of CPU time is 10 ms
+            assert side_by_side >= 0.05 * sum(any(workers) for workers in busy), busy
+            assert max(gaps) < max(0.5 * wall, 1.0), (max(gaps), wall)  # the event loop kept running meanwhile
 
         asyncio.run(scenario())
     finally:
