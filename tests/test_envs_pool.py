@@ -114,3 +114,69 @@ def test_caller_mistakes_are_not_env_failures(alfworld_games):
         asyncio.run(scenario(pool))
     with pytest.raises(ValueError, match="step_timeout"):
         EnvPool(AlfWorldEnv, num_workers=1, step_timeout=0)
+
+
+def cpu_ticks(pid: int) -> int:
+    """The process's user + system CPU time so far, in clock ticks (``/proc/PID/stat`` fields 14 and 15)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads the workers' CPU time from /proc")
+def test_the_trainers_default_env_pool_resets_side_by_side(tmp_path, small_config):
+    """By default the local trainer runs multi-turn envs in a pool of one worker per usable core, so resets awaited
+    together run side by side (in one process an engine call holds the GIL: they would load one after another).
+
+    Side by side is read from the workers' CPU time, sampled every 20 ms while the resets run: in many intervals
+    every worker is busy at once. Unlike a wall-clock speed-up, that holds on a machine whose cores other jobs hold
+    too (there the scheduler still runs both workers within each interval, only slower)."""
+    from mmrl.tasks import get_task
+    from mmrl.trainer.local import _setup_env_pool
+
+    cfg = small_config(tmp_path, **{"task.name": "alfworld", "task.n_per_type": 1, "task.n_eval_per_type": 1})
+    task = get_task("alfworld", n_per_type=1, n_eval_per_type=1)
+    pool = _setup_env_pool(cfg.rollout, task)
+    assert pool is not None, "rollout.env_workers' default runs the envs in this process, one engine call at a time"
+    try:
+        assert pool.num_workers == len(os.sched_getaffinity(0))
+        if pool.num_workers < 2:
+            pytest.skip("one usable core: nothing to run side by side")
+
+        async def scenario() -> None:
+            rows = task.train
+            warm = [pool.env(**task.kwargs_for(rows[i % len(rows)])) for i in range(pool.num_workers)]
+            await asyncio.gather(*(env.reset() for env in warm))  # every worker has imported the engine
+            await asyncio.gather(*(env.close() for env in warm))
+            assert pool.stats()["envs_per_worker"] == [0] * pool.num_workers
+            pids = pool.worker_pids()
+            samples, gaps, running = [], [0.0], True
+
+            async def sample() -> None:  # also the event loop's heartbeat: a gap is a stall of the loop
+                last = time.perf_counter()
+                while running:
+                    samples.append([cpu_ticks(pid) for pid in pids])
+                    await asyncio.sleep(0.02)
+                    now = time.perf_counter()
+                    gaps.append(now - last)
+                    last = now
+
+            sampler = asyncio.create_task(sample())
+            envs = [pool.env(**task.kwargs_for(rows[i % len(rows)])) for i in range(2 * pool.num_workers)]
+            started = time.perf_counter()
+            firsts = await asyncio.gather(*(env.reset() for env in envs))
+            wall = time.perf_counter() - started
+            running = False
+            await sampler
+            await asyncio.gather(*(env.close() for env in envs))
+            assert all("Your task is to:" in first for first, _ in firsts)
+            busy = [[b > a for a, b in zip(before, after, strict=True)]
+                    for before, after in zip(samples, samples[1:], strict=False)]
+            side_by_side = sum(all(workers) for workers in busy)
+            # one after another, no interval would have every worker busy; 5 %: a loaded machine's scheduler may run
+            # each worker only part of an interval, and a tick of CPU time is 10 ms
+            assert side_by_side >= 0.05 * sum(any(workers) for workers in busy), busy
+            assert max(gaps) < max(0.5 * wall, 1.0), (max(gaps), wall)  # the event loop kept running meanwhile
+
+        asyncio.run(scenario())
+    finally:
+        pool.close()

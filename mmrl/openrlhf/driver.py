@@ -146,7 +146,7 @@ def run(args, ray_address: str = "", rehearsal_mode: bool = False,
     needed = rehearsal.devices(args)
     # rollout.env_workers: the agent executor inside the rollout engines reads it from their environment
     workers = args.mmrl.env_workers
-    job_env = {"MMRL_ENV_WORKERS": str(workers)} if workers else {}
+    job_env = {"MMRL_ENV_WORKERS": str(workers)} if workers > 0 else {}  # -1, 0: threads of each rollout engine
     # run.wandb: OpenRLHF's W&B logger reads these in its trainer actor (see mmrl.run.loggers.openrlhf_flags)
     job_env.update({k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR") if k in os.environ})
     started = start_ray(ray_address, needed if rehearsal_mode else 0, job_env, dashboard)

@@ -168,8 +168,10 @@ class RolloutConfig:
     # multi-turn tasks also check it against the first prompt and max_new_tokens at start (check_episode_budget)
     max_episode_tokens: int = setting(2048, "multi-turn: an episode (prompt, turns, feedback) ends, truncated, at "
                                       "this many tokens", at_least(1))
-    env_workers: int = setting(0, "multi-turn: 0 runs the envs in this process; N runs an EnvPool of N worker "
-                               "processes (isolation)", at_least(0))
+    env_workers: int = setting(-1, "multi-turn: N runs the envs in an EnvPool of N worker processes (crash "
+                               "isolation; N resets or steps at a time); -1: one worker per usable core (the openrlhf "
+                               "backend: threads of its rollout engines); 0: in this process, one engine call at a "
+                               "time", at_least(-1))
     episode_kv_cache: bool = setting(True, "multi-turn: keep each episode's KV cache across turns (false: re-read "
                                      "each turn)")
     env_step_timeout: float = setting(120.0, "seconds an env step may take in the pool before its worker counts as "

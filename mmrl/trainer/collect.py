@@ -93,7 +93,7 @@ class Rollouts:
     sampler: PromptSampler
     history: ReplayHistory
     vision_prompts: PromptCache | None = None  # the training split's image prompts (None for text)
-    env_pool: Any = None  # multi-turn with rollout.env_workers > 0: the mmrl.envs.pool.EnvPool running the envs
+    env_pool: Any = None  # multi-turn unless rollout.env_workers is 0: the mmrl.envs.pool.EnvPool running the envs
     failed_episodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # since the last logged step
     episodes_played: int = 0  # the turn layout: a running id for episodes, so that a batch's episode ids are unique
 

@@ -442,13 +442,15 @@ def _setup_optimizer(cfg_optim: OptimConfig, model: torch.nn.Module, steps: int
 
 
 def _setup_env_pool(cfg_rollout: RolloutConfig, task: Task | EnvTask):
-    """The worker processes that run a multi-turn task's envs (``rollout.env_workers``); None to run them in this
-    process."""
+    """The worker processes that run a multi-turn task's envs (``rollout.env_workers``: -1 one per usable core); None
+    to run them in this process. An engine holds the GIL for a whole reset or step, so only processes run envs side by
+    side: in one process 300 ALFWorld resets awaited together load one after another."""
     if not (task.multi_turn and cfg_rollout.env_workers):
         return None
     from mmrl.envs.pool import EnvPool
 
-    return EnvPool(task.env_class, cfg_rollout.env_workers, step_timeout=cfg_rollout.env_step_timeout)
+    workers = cfg_rollout.env_workers if cfg_rollout.env_workers > 0 else None  # None: EnvPool's one per core
+    return EnvPool(task.env_class, workers, step_timeout=cfg_rollout.env_step_timeout)
 
 
 def _restore_resumed(cfg_run: RunConfig, trainer: Trainer, resumed: tuple[Path, dict[str, Any], list[Path]]) -> None:

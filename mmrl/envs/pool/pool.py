@@ -33,6 +33,7 @@ several ``asyncio.run`` calls. Envs are placed on the live worker holding the fe
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import multiprocessing
 import os
@@ -101,6 +102,9 @@ class EnvPool:
         self._watchdog = threading.Thread(target=self._watch, args=(watchdog_interval,), daemon=True,
                                           name="mmrl-envpool-watchdog")
         self._watchdog.start()
+        # A pool still open when the interpreter exits (a trainer built but never run) is closed first: otherwise
+        # multiprocessing's own exit handler kills its workers and the pool restarts them mid-shutdown.
+        atexit.register(self.close)
 
     # ----------------------------------------------------------------------------------------------- workers
     def _spawn(self, index: int) -> _Worker:
@@ -259,6 +263,7 @@ class EnvPool:
                 return
             self._closed = True
             workers = list(self._workers)
+        atexit.unregister(self.close)
         for worker in workers:
             try:
                 with worker.send_lock:
