@@ -106,8 +106,11 @@ def test_engine_log_probs_and_weight_sync(tmp_path, smollm2):
 
     from mmrl.openrlhf import rehearsal, vllm_cpu
 
-    ray.init(num_cpus=2, num_gpus=1, _node_ip_address="127.0.0.1", include_dashboard=False,
-             runtime_env=rehearsal.runtime_env({vllm_cpu.RUN_DIR_ENV: str(tmp_path)}, "vllm"))
+    rehearsal.install_stand_ins(real_vllm=True)  # as the launcher does before it imports the driver (flash-attn)
+    from mmrl.openrlhf.driver import start_ray
+
+    # the rehearsal's own local Ray: one declared GPU, loopback only, the vLLM job's set-up hook and environment
+    assert start_ray("", 1, {vllm_cpu.RUN_DIR_ENV: str(tmp_path)}, rehearsal_engine="vllm")
     try:
         args = SimpleNamespace(
             vllm=SimpleNamespace(tensor_parallel_size=1, num_engines=1, enable_prefix_caching=False,
