@@ -58,6 +58,10 @@ def test_grpo_two_steps_and_resume_with_vllm_engines(tmp_path, smollm2):
     assert "RolloutRayActor" in log and "HFRolloutActor" not in log  # OpenRLHF's engine actor, not the HF one
     assert "Reloading weights inplace" in log  # vLLM's own reload of the synced weights
     check_run(out, 2, weights_show_step=False)
+    # vLLM's own log-probs of the sampled tokens reached the trainer: the sampler-trainer gap of every step (the
+    # rollout correction's input) is finite and not 0, which the trainer's own log-probs in their place would give
+    gaps = [r["rollout/logprob_gap_mean"] for r in step_records(out)]
+    assert len(gaps) == 2 and all(math.isfinite(g) and g > 0 for g in gaps), gaps
     engines = [json.loads(line) for line in (out / "rehearsal" / "rollout_weights.jsonl").read_text().splitlines()]
     assert [r["sync"] for r in engines] == [0, 1, 2] and all(r["digest"] for r in engines[1:])
     rehearse_vllm(out, "--resume", "--steps", "3")
