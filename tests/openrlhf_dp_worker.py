@@ -20,20 +20,16 @@ def run_rank(rank: int, world: int, port: int, name: str, out_dir: str) -> None:
     with openrlhf_importable():
         import deepspeed
         import torch
-        from openrlhf.models import Actor
-        from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
-        from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
         from test_openrlhf_slow import (
             REWARDS_DP,
             GradientRecordingStrategy,
-            as_openrlhf_samples,
+            actor_trainer,
+            experiences_of,
             launch_args,
             rollout_with_old_logprobs,
             tiny_policy,
         )
 
-        from mmrl.openrlhf.actor import adopt
-        from mmrl.openrlhf.experience import MmrlExperienceMaker
         from mmrl.openrlhf.strategy import host_rendezvous_store
 
     torch.set_num_threads(1)
@@ -46,25 +42,9 @@ def run_rank(rank: int, world: int, port: int, name: str, out_dir: str) -> None:
                                          train_batch_size=args.train.batch_size, zero_stage=2, args=args)
     strategy.world_size = world
     strategy.accumulated_gradient = args.train.batch_size // args.train.micro_batch_size // world
-    actor = Actor(tiny_policy())
-    actor.packing_samples = False
-    actor_cfg = {"optim": "adam", "muon": {}, "adam": {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8,
-                                                       "weight_decay": 0.0},
-                 "lr_scheduler": "constant", "lr_warmup_ratio": 0.0, "max_norm": 1.0, "scheduler_steps": 4}
-    actor, optim, scheduler = strategy.prepare((actor, actor_cfg))
-    maker = MmrlExperienceMaker(None, None, None, None, None, strategy, type("Tok", (), {"pad_token_id": 0}),
-                                mmrl_spec=args.mmrl)
-    experiences = maker.compute_advantages_and_returns(maker.split_rollout_samples(as_openrlhf_samples(batch)))
+    experiences = experiences_of(strategy, args, batch)
     share = len(experiences) // world  # RayActorGroup.async_run_method_batch: contiguous, equal chunks
-    buffer = object.__new__(NaiveReplayBuffer)
-    buffer.cpu_offload, buffer.limit, buffer.items = False, 0, []
-    for e in experiences[rank * share:(rank + 1) * share]:
-        buffer.append(e)
-    trainer = object.__new__(ActorPPOTrainer)
-    trainer.__dict__.update(strategy=strategy, args=args, actor=actor, ema_model=None, actor_optim=optim,
-                            actor_scheduler=scheduler, micro_train_batch_size=args.train.micro_batch_size,
-                            max_epochs=1, aux_loss=False, replay_buffer=buffer)
-    adopt(trainer, args.mmrl)
+    trainer = actor_trainer(strategy, args, tiny_policy(), experiences[rank * share:(rank + 1) * share], epochs=1)
     status = trainer.ppo_train(kl_ctl=0.0)
     torch.save({"grads": strategy.recorded, "policy_loss": status["policy_loss"]},
                os.path.join(out_dir, f"rank{rank}.pt"))

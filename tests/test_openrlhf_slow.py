@@ -121,6 +121,35 @@ def local_objective_gradient(model, batch, algo) -> tuple[float, dict[str, torch
     return float(loss.detach()), {n: p.grad for n, p in model.named_parameters()}
 
 
+ACTOR_CFG = {"optim": "adam", "muon": {}, "adam": {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0},
+             "lr_scheduler": "constant", "lr_warmup_ratio": 0.0, "max_norm": 1.0, "scheduler_steps": 4}
+
+
+def experiences_of(strategy, args, batch) -> list:
+    """The batch as OpenRLHF experiences, from mmrl's experience maker (advantages and statistics included)."""
+    maker = MmrlExperienceMaker(None, None, None, None, None, strategy, type("Tok", (), {"pad_token_id": 0}),
+                                mmrl_spec=args.mmrl)
+    return maker.compute_advantages_and_returns(maker.split_rollout_samples(as_openrlhf_samples(batch)))
+
+
+def actor_trainer(strategy, args, model, experiences: list, epochs: int):
+    """OpenRLHF's ActorPPOTrainer with mmrl's loop adopted: ``model`` as OpenRLHF's Actor on a DeepSpeed engine of
+    ``strategy`` (Adam, constant lr), ``experiences`` in OpenRLHF's replay buffer."""
+    actor = Actor(model)
+    actor.packing_samples = False  # set by Actor for a model path; a module passed in keeps its own settings
+    actor, optim, scheduler = strategy.prepare((actor, ACTOR_CFG))
+    buffer = object.__new__(NaiveReplayBuffer)  # its __init__ asks CUDA for a device; append/items are the real ones
+    buffer.cpu_offload, buffer.limit, buffer.items = False, 0, []
+    for e in experiences:
+        buffer.append(e)
+    trainer = object.__new__(ActorPPOTrainer)  # PolicyModelActor builds it with CUDA/vLLM; these are its fields
+    trainer.__dict__.update(strategy=strategy, args=args, actor=actor, ema_model=None, actor_optim=optim,
+                            actor_scheduler=scheduler, micro_train_batch_size=args.train.micro_batch_size,
+                            max_epochs=epochs, aux_loss=False, replay_buffer=buffer)
+    adopt(trainer, args.mmrl)
+    return trainer
+
+
 class GradientRecordingStrategy(MmrlDeepspeedStrategy):
     """Records DeepSpeed's full (un-partitioned) gradients at the accumulation boundary, before the optimizer step."""
 
@@ -171,25 +200,8 @@ def test_deepspeed_zero2_step_of_mmrls_actor_matches_the_local_gradient(name, tm
                                          train_batch_size=args.train.batch_size, zero_stage=2, args=args)
     strategy.world_size, strategy.accumulated_gradient = 1, args.train.batch_size // args.train.micro_batch_size
     assert strategy.accumulated_gradient == 2
-    actor = Actor(ds_model)
-    actor.packing_samples = False  # set by Actor for a model path; a module passed in keeps its own settings
-    actor_cfg = {"optim": "adam", "muon": {}, "adam": {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8,
-                                                       "weight_decay": 0.0},
-                 "lr_scheduler": "constant", "lr_warmup_ratio": 0.0, "max_norm": 1.0, "scheduler_steps": 4}
-    actor, optim, scheduler = strategy.prepare((actor, actor_cfg))
-    maker = MmrlExperienceMaker(None, None, None, None, None, strategy, type("Tok", (), {"pad_token_id": 0}),
-                                mmrl_spec=args.mmrl)
-    experiences = maker.compute_advantages_and_returns(maker.split_rollout_samples(as_openrlhf_samples(batch)))
-    buffer = object.__new__(NaiveReplayBuffer)  # its __init__ asks CUDA for a device; append/items are the real ones
-    buffer.cpu_offload, buffer.limit, buffer.items = False, 0, []
-    for e in experiences:
-        buffer.append(e)
-    trainer = object.__new__(ActorPPOTrainer)  # PolicyModelActor builds it with CUDA/vLLM; these are its fields
-    trainer.__dict__.update(strategy=strategy, args=args, actor=actor, ema_model=None, actor_optim=optim,
-                            actor_scheduler=scheduler, micro_train_batch_size=args.train.micro_batch_size,
-                            max_epochs=1, aux_loss=False, replay_buffer=buffer)
-    adopt(trainer, args.mmrl)
-    status = trainer.ppo_train(kl_ctl=0.0)
+    status = actor_trainer(strategy, args, ds_model, experiences_of(strategy, args, batch), epochs=1).ppo_train(
+        kl_ctl=0.0)
 
     got = strategy.recorded
     assert got is not None and set(got) == set(want)
@@ -242,25 +254,8 @@ def test_target_kl_stops_the_steps_updates_once_the_kl_leaves_the_band(target_kl
     strategy = StepCountingStrategy(seed=0, max_norm=1.0, micro_train_batch_size=args.train.micro_batch_size,
                                     train_batch_size=args.train.batch_size, zero_stage=2, args=args)
     strategy.world_size, strategy.accumulated_gradient = 1, args.train.batch_size // args.train.micro_batch_size
-    actor = Actor(model)
-    actor.packing_samples = False
-    actor_cfg = {"optim": "adam", "muon": {}, "adam": {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8,
-                                                       "weight_decay": 0.0},
-                 "lr_scheduler": "constant", "lr_warmup_ratio": 0.0, "max_norm": 1.0, "scheduler_steps": 4}
-    actor, optim, scheduler = strategy.prepare((actor, actor_cfg))
-    maker = MmrlExperienceMaker(None, None, None, None, None, strategy, type("Tok", (), {"pad_token_id": 0}),
-                                mmrl_spec=args.mmrl)
-    experiences = maker.compute_advantages_and_returns(maker.split_rollout_samples(as_openrlhf_samples(batch)))
-    buffer = object.__new__(NaiveReplayBuffer)
-    buffer.cpu_offload, buffer.limit, buffer.items = False, 0, []
-    for e in experiences:
-        buffer.append(e)
-    trainer = object.__new__(ActorPPOTrainer)
-    trainer.__dict__.update(strategy=strategy, args=args, actor=actor, ema_model=None, actor_optim=optim,
-                            actor_scheduler=scheduler, micro_train_batch_size=args.train.micro_batch_size,
-                            max_epochs=2, aux_loss=False, replay_buffer=buffer)
-    adopt(trainer, args.mmrl)
-    status = trainer.ppo_train(kl_ctl=0.0)
+    status = actor_trainer(strategy, args, model, experiences_of(strategy, args, batch), epochs=2).ppo_train(
+        kl_ctl=0.0)
     assert status["mmrl/kl_old_max"] > status["mmrl/kl_old"] > 1e-6
     if target_kl:
         assert strategy.steps == 1 and status["mmrl/kl_early_stop"] == 1.0
